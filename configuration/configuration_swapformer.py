@@ -1,0 +1,300 @@
+"""Configurations of the three swapformer architectures.
+
+One base class holds what every architecture shares (sizes, heads, positions, norms, MLP, dropout,
+initialisation); `EncoderConfig`, `DecoderConfig` and `Seq2SeqConfig` only add what is theirs.
+Everything is validated at construction, so a wrong value fails here with a message that names it,
+not later inside a kernel. This module must not import torch: configs are read on machines and in
+tools that never build a model.
+
+transformers 5.x configs are dataclasses (see HF_NOTES.md): fields are declared as annotated class
+attributes, derived values are filled in `__post_init__`, and base fields such as
+`tie_word_embeddings` or `is_encoder_decoder` are fields too, never assigned before the base init.
+"""
+
+from __future__ import annotations
+
+from transformers import PreTrainedConfig
+
+from .backends import check_backend_name
+
+POSITION_TYPES = ("learned", "sinusoidal", "rope", "alibi", "relative_bias", "none")
+NORM_TYPES = ("layernorm", "rmsnorm")
+MLP_TYPES = ("mlp", "gated")
+# Keys of transformers.activations.ACT2FN that make sense inside a Transformer MLP.
+ACTIVATIONS = (
+    "gelu",
+    "gelu_new",
+    "gelu_fast",
+    "gelu_pytorch_tanh",
+    "quick_gelu",
+    "relu",
+    "relu2",
+    "silu",
+    "swish",
+    "tanh",
+)
+INITIALIZERS = ("normal", "xavier")
+
+
+def _check_int(name: str, value, minimum: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int, got {value!r} ({type(value).__name__})")
+    if value < minimum:
+        raise ValueError(f"{name} must be >= {minimum}, got {name}={value}")
+
+
+def _check_float(name: str, value, low: float, high: float | None = None, *, high_inclusive=False) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{name} must be a number, got {value!r} ({type(value).__name__})")
+    too_high = high is not None and (value > high if high_inclusive else value >= high)
+    if value < low or too_high:
+        bound = "" if high is None else (f", {high}]" if high_inclusive else f", {high})")
+        interval = f"[{low}{bound or ', inf)'}"
+        raise ValueError(f"{name} must lie in {interval}, got {name}={value}")
+
+
+def _check_choice(name: str, value, choices: tuple[str, ...]) -> None:
+    if value not in choices:
+        raise ValueError(f"Unknown {name}={value!r}; choose one of {', '.join(map(repr, choices))}")
+
+
+def _check_bool(name: str, value) -> None:
+    if not isinstance(value, bool):
+        raise TypeError(f"{name} must be True or False, got {value!r}")
+
+
+class SwapformerConfig(PreTrainedConfig):
+    """Fields shared by the encoder, decoder and encoder-decoder configurations.
+
+    Args:
+        vocab_size: rows of the token embedding.
+        hidden_size: model width.
+        num_hidden_layers: number of blocks (of the encoder, for `Seq2SeqConfig`).
+        num_attention_heads: query heads.
+        num_key_value_heads: key/value heads; `None` means as many as query heads (MHA), 1 is MQA,
+            anything that divides `num_attention_heads` is GQA.
+        head_dim: width of one head; `None` means `hidden_size // num_attention_heads`.
+        intermediate_size: inner width of the MLP; `None` means `4 * hidden_size`.
+        hidden_act: activation of the MLP (a key of `transformers.activations.ACT2FN`).
+        mlp_type: `"mlp"` (up, act, down) or `"gated"` (act(gate) * up, down): SwiGLU with
+            `hidden_act="silu"`, GeGLU with a GELU.
+        max_position_embeddings: longest sequence the position scheme is meant for; a hard limit
+            for `"learned"` positions.
+        position_embedding_type: `"learned"` absolute, `"sinusoidal"` absolute, `"rope"`
+            (https://arxiv.org/abs/2104.09864), `"alibi"` (https://arxiv.org/abs/2108.12409),
+            `"relative_bias"` (T5's bucketed bias, https://arxiv.org/abs/1910.10683) or `"none"`.
+        rope_theta: RoPE base.
+        relative_attention_num_buckets, relative_attention_max_distance: T5 bias buckets.
+        norm_type: `"layernorm"` or `"rmsnorm"`.
+        norm_eps: epsilon of every norm.
+        pre_norm: pre-LN blocks (norm inside the residual branch, plus a final norm) when True,
+            post-LN blocks (BERT, BART) when False.
+        embedding_norm: a norm right after the embeddings (BERT, BART).
+        scale_embeddings: multiply token embeddings by sqrt(hidden_size) (Vaswani, BART option).
+        attention_bias, mlp_bias: biases of the attention and MLP projections.
+        attention_scale: factor applied to q.k; `None` means `head_dim ** -0.5` (T5 uses 1.0).
+        hidden_dropout: dropout on embeddings and on each residual branch.
+        attention_dropout: dropout on attention probabilities.
+        activation_dropout: dropout after the MLP activation.
+        classifier_dropout: dropout of classification heads; `None` means `hidden_dropout`.
+        initializer: `"normal"` (std `initializer_range`) or `"xavier"` (uniform) for linear weights.
+        initializer_range: std of the normal initialiser and of embeddings.
+        tie_word_embeddings: share the output projection with the input embedding.
+    """
+
+    model_type = "swapformer"
+
+    vocab_size: int = 32000
+    hidden_size: int = 768
+    num_hidden_layers: int = 12
+    num_attention_heads: int = 12
+    num_key_value_heads: int | None = None
+    head_dim: int | None = None
+    intermediate_size: int | None = None
+    hidden_act: str = "gelu"
+    mlp_type: str = "mlp"
+    max_position_embeddings: int = 512
+    position_embedding_type: str = "learned"
+    rope_theta: float = 10000.0
+    relative_attention_num_buckets: int = 32
+    relative_attention_max_distance: int = 128
+    norm_type: str = "layernorm"
+    norm_eps: float = 1e-5
+    pre_norm: bool = True
+    embedding_norm: bool = False
+    scale_embeddings: bool = False
+    attention_bias: bool = True
+    mlp_bias: bool = True
+    attention_scale: float | None = None
+    hidden_dropout: float = 0.1
+    attention_dropout: float = 0.0
+    activation_dropout: float = 0.0
+    classifier_dropout: float | None = None
+    initializer: str = "normal"
+    initializer_range: float = 0.02
+    tie_word_embeddings: bool = True
+    use_cache: bool = True
+    pad_token_id: int | None = None
+    bos_token_id: int | None = None
+    eos_token_id: int | list[int] | None = None
+
+    # Whether (decoder) self-attention is causal. A plain class attribute, not a config field.
+    causal = False
+
+    def __post_init__(self, **kwargs):
+        backend = kwargs.get("attn_implementation")
+        super().__post_init__(**kwargs)
+        if self.num_key_value_heads is None:
+            self.num_key_value_heads = self.num_attention_heads
+        if self.head_dim is None and isinstance(self.num_attention_heads, int) and self.num_attention_heads > 0:
+            if isinstance(self.hidden_size, int) and self.hidden_size % self.num_attention_heads != 0:
+                raise ValueError(
+                    f"hidden_size={self.hidden_size} is not divisible by num_attention_heads="
+                    f"{self.num_attention_heads}; change one of them or set head_dim explicitly"
+                )
+            self.head_dim = self.hidden_size // self.num_attention_heads
+        if self.intermediate_size is None and isinstance(self.hidden_size, int):
+            self.intermediate_size = 4 * self.hidden_size
+        self._validate()
+        if backend is not None:
+            check_backend_name(backend)
+
+    # Validation ---------------------------------------------------------------------------------
+
+    def _validate(self) -> None:
+        for name in (
+            "vocab_size",
+            "hidden_size",
+            "num_hidden_layers",
+            "num_attention_heads",
+            "num_key_value_heads",
+            "head_dim",
+            "intermediate_size",
+            "max_position_embeddings",
+            "relative_attention_num_buckets",
+            "relative_attention_max_distance",
+        ):
+            _check_int(name, getattr(self, name), 1)
+        if self.num_attention_heads % self.num_key_value_heads != 0:
+            raise ValueError(
+                f"num_attention_heads={self.num_attention_heads} is not divisible by num_key_value_heads="
+                f"{self.num_key_value_heads}; use a divisor (1 for MQA, {self.num_attention_heads} for MHA)"
+            )
+        _check_choice("position_embedding_type", self.position_embedding_type, POSITION_TYPES)
+        _check_choice("norm_type", self.norm_type, NORM_TYPES)
+        _check_choice("mlp_type", self.mlp_type, MLP_TYPES)
+        _check_choice("hidden_act", self.hidden_act, ACTIVATIONS)
+        _check_choice("initializer", self.initializer, INITIALIZERS)
+        if self.position_embedding_type == "rope" and self.head_dim % 2:
+            raise ValueError(f"position_embedding_type='rope' needs an even head_dim, got head_dim={self.head_dim}")
+        if self.position_embedding_type == "relative_bias":
+            # T5 buckets: half exact, half log-spaced up to max_distance (per direction when bidirectional)
+            if self.relative_attention_num_buckets < 4:
+                raise ValueError(
+                    f"relative_attention_num_buckets={self.relative_attention_num_buckets} is too small; use >= 4 (T5: 32)"
+                )
+            if self.relative_attention_max_distance <= self.relative_attention_num_buckets // 2:
+                raise ValueError(
+                    f"relative_attention_max_distance={self.relative_attention_max_distance} must exceed "
+                    f"relative_attention_num_buckets // 2 = {self.relative_attention_num_buckets // 2} (T5: 128 for 32)"
+                )
+        _check_float("rope_theta", self.rope_theta, 1.0)
+        _check_float("norm_eps", self.norm_eps, 0.0, 1.0)
+        _check_float("initializer_range", self.initializer_range, 0.0, 1.0, high_inclusive=True)
+        if self.attention_scale is not None:
+            _check_float("attention_scale", self.attention_scale, 0.0)
+        for name in ("hidden_dropout", "attention_dropout", "activation_dropout"):
+            _check_float(name, getattr(self, name), 0.0, 1.0)
+        if self.classifier_dropout is not None:
+            _check_float("classifier_dropout", self.classifier_dropout, 0.0, 1.0)
+        for name in (
+            "pre_norm",
+            "embedding_norm",
+            "scale_embeddings",
+            "attention_bias",
+            "mlp_bias",
+            "tie_word_embeddings",
+            "use_cache",
+        ):
+            _check_bool(name, getattr(self, name))
+        for name in self._token_id_fields():
+            self._check_token_id(name, getattr(self, name))
+
+    def _token_id_fields(self) -> tuple[str, ...]:
+        return ("pad_token_id", "bos_token_id", "eos_token_id")
+
+    def _check_token_id(self, name: str, value) -> None:
+        values = value if isinstance(value, list) else [value]
+        for v in values:
+            if v is None:
+                continue
+            if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v < self.vocab_size:
+                raise ValueError(
+                    f"{name}={value!r} must be None or a token id in [0, vocab_size={self.vocab_size})"
+                )
+
+    # Derived values used by the modeling code ----------------------------------------------------
+
+    @property
+    def effective_attention_scale(self) -> float:
+        return self.head_dim**-0.5 if self.attention_scale is None else float(self.attention_scale)
+
+
+class EncoderConfig(SwapformerConfig):
+    """A bidirectional encoder (BERT, RoBERTa, ModernBERT-like).
+
+    Args:
+        type_vocab_size: rows of the token-type (segment) embedding; 0 means none (BERT uses 2).
+    """
+
+    model_type = "swapformer_encoder"
+
+    type_vocab_size: int = 0
+
+    def _validate(self) -> None:
+        super()._validate()
+        _check_int("type_vocab_size", self.type_vocab_size, 0)
+
+
+class DecoderConfig(SwapformerConfig):
+    """A causal decoder (GPT-2, Llama, Mistral-like)."""
+
+    model_type = "swapformer_decoder"
+
+    causal = True
+
+
+class Seq2SeqConfig(SwapformerConfig):
+    """An encoder-decoder (T5, BART-like). `num_hidden_layers` is the encoder depth.
+
+    Args:
+        decoder_layers: decoder depth; `None` means `num_hidden_layers`.
+        shared_embeddings: encoder and decoder read one token embedding (`shared`).
+        decoder_start_token_id: first decoder input when decoder inputs are made from labels.
+    """
+
+    model_type = "swapformer_seq2seq"
+
+    decoder_layers: int | None = None
+    shared_embeddings: bool = True
+    decoder_start_token_id: int | None = None
+    is_encoder_decoder: bool = True
+    causal = True  # of the decoder's self-attention; the encoder is always bidirectional
+
+    def __post_init__(self, **kwargs):
+        if self.decoder_layers is None:
+            self.decoder_layers = self.num_hidden_layers
+        super().__post_init__(**kwargs)
+
+    def _validate(self) -> None:
+        super()._validate()
+        _check_int("decoder_layers", self.decoder_layers, 1)
+        _check_bool("shared_embeddings", self.shared_embeddings)
+        if not self.is_encoder_decoder:
+            raise ValueError("Seq2SeqConfig needs is_encoder_decoder=True")
+
+    def _token_id_fields(self) -> tuple[str, ...]:
+        return (*super()._token_id_fields(), "decoder_start_token_id")
+
+
+__all__ = ["SwapformerConfig", "EncoderConfig", "DecoderConfig", "Seq2SeqConfig"]

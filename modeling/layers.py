@@ -1,0 +1,295 @@
+"""The blocks every swapformer architecture is made of.
+
+Shape legend: B batch, T query length, S key length, E hidden size, H query heads, K key/value
+heads, D head dim.
+
+The encoder, the decoder and both halves of the encoder-decoder are the same `Stack` of the same
+`Block`s with two switches: causal self-attention, and cross-attention. A stack computes positions
+and masks once per forward; a block projects, applies positions, updates the cache and calls the
+attention function registered for `config._attn_implementation`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import torch
+from torch import nn
+from transformers.activations import ACT2FN
+from transformers.cache_utils import Cache, EncoderDecoderCache
+from transformers.modeling_layers import GradientCheckpointingLayer
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+from .attention import attention_probabilities, eager_attention_forward
+from .masks import lower_mask
+
+# Norms ---------------------------------------------------------------------------------------------
+
+
+class RMSNorm(nn.Module):
+    """Root-mean-square norm (https://arxiv.org/abs/1910.07467), computed in fp32 like Llama and T5."""
+
+    def __init__(self, hidden_size: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(hidden_size))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = x.float()
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * h.to(x.dtype)
+
+    def extra_repr(self) -> str:
+        return f"{self.weight.shape[0]}, eps={self.eps}"
+
+
+def make_norm(config) -> nn.Module:
+    if config.norm_type == "rmsnorm":
+        return RMSNorm(config.hidden_size, config.norm_eps)
+    return nn.LayerNorm(config.hidden_size, eps=config.norm_eps)
+
+
+# MLP -----------------------------------------------------------------------------------------------
+
+
+class MLP(nn.Module):
+    """up -> act -> down, or act(gate) * up -> down when `mlp_type="gated"` (SwiGLU, GeGLU:
+    https://arxiv.org/abs/2002.05202)."""
+
+    def __init__(self, config):
+        super().__init__()
+        e, f, bias = config.hidden_size, config.intermediate_size, config.mlp_bias
+        self.gate_proj = nn.Linear(e, f, bias=bias) if config.mlp_type == "gated" else None
+        self.up_proj = nn.Linear(e, f, bias=bias)
+        self.down_proj = nn.Linear(f, e, bias=bias)
+        self.act_fn = ACT2FN[config.hidden_act]
+        self.dropout = nn.Dropout(config.activation_dropout)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.gate_proj is None:
+            h = self.act_fn(self.up_proj(x))
+        else:
+            h = self.act_fn(self.gate_proj(x)) * self.up_proj(x)
+        return self.down_proj(self.dropout(h))
+
+
+# Positions -----------------------------------------------------------------------------------------
+
+
+def rope_cos_sin(positions: torch.Tensor, head_dim: int, theta: float, dtype: torch.dtype):
+    """cos, sin of shape (B, T, D) for integer positions (B, T); the halves layout of Llama."""
+    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, device=positions.device, dtype=torch.float) / head_dim))
+    angles = positions[..., None].float() * inv_freq  # (B, T, D/2)
+    angles = torch.cat((angles, angles), dim=-1)
+    return angles.cos().to(dtype), angles.sin().to(dtype)
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate (B, heads, T, D) by the angles of (B, T, D)."""
+    cos, sin = cos[:, None], sin[:, None]
+    half = x.shape[-1] // 2
+    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    return x * cos + rotated * sin
+
+
+def sinusoidal_embedding(positions: torch.Tensor, dim: int, dtype: torch.dtype) -> torch.Tensor:
+    """Fixed sin/cos position features (Vaswani et al. 2017), (B, T) -> (B, T, E).
+
+    Laid out as [sin | cos] halves (the fairseq/Marian layout), computed on the fly so there is no
+    buffer to lose when loading.
+    """
+    half = dim // 2
+    freq = torch.exp(
+        torch.arange(half, device=positions.device, dtype=torch.float) * -(math.log(10000.0) / max(half - 1, 1))
+    )
+    angles = positions[..., None].float() * freq
+    emb = torch.cat((angles.sin(), angles.cos()), dim=-1)
+    if dim % 2:
+        emb = nn.functional.pad(emb, (0, 1))
+    return emb.to(dtype)
+
+
+def alibi_slopes(num_heads: int) -> torch.Tensor:
+    """Head slopes of ALiBi (https://arxiv.org/abs/2108.12409): a geometric sequence starting at
+    2^(-8/n) for n a power of two; otherwise the power of two below, then every other slope of the
+    next power of two."""
+
+    def geometric(n: int) -> list[float]:
+        start = 2.0 ** (-8.0 / n)
+        return [start ** (i + 1) for i in range(n)]
+
+    low = 2 ** math.floor(math.log2(num_heads))
+    slopes = geometric(low)
+    if low < num_heads:
+        slopes += geometric(2 * low)[0::2][: num_heads - low]
+    return torch.tensor(slopes, dtype=torch.float)
+
+
+def alibi_bias(query_pos: torch.Tensor, key_pos: torch.Tensor, num_heads: int, causal: bool) -> torch.Tensor:
+    """(B, T), (B, S) -> (B, H, T, S): -slope * distance (distance |q - k| when bidirectional)."""
+    distance = (query_pos[:, :, None] - key_pos[:, None, :]).float()  # (B, T, S)
+    distance = distance.clamp(min=0) if causal else distance.abs()
+    slopes = alibi_slopes(num_heads).to(query_pos.device)
+    return -slopes[None, :, None, None] * distance[:, None]
+
+
+def relative_position_bucket(relative: torch.Tensor, *, bidirectional: bool, num_buckets: int, max_distance: int):
+    """T5's bucketing of key - query offsets (https://arxiv.org/abs/1910.10683, section 2.1).
+
+    Offsets below `num_buckets // 2` (per direction) get a bucket each; larger ones share
+    logarithmically wider buckets up to `max_distance`, beyond which all share the last bucket.
+    Bidirectional attention spends half the buckets on keys after the query.
+    """
+    buckets = torch.zeros_like(relative)
+    if bidirectional:
+        num_buckets //= 2
+        buckets = buckets + (relative > 0).long() * num_buckets
+        distance = relative.abs()
+    else:
+        distance = (-relative).clamp(min=0)
+    exact = num_buckets // 2
+    log_ratio = torch.log(distance.float().clamp(min=1) / exact) / math.log(max_distance / exact)
+    far = exact + (log_ratio * (num_buckets - exact)).long()
+    far = far.clamp(max=num_buckets - 1)
+    return buckets + torch.where(distance < exact, distance, far)
+
+
+# Attention -----------------------------------------------------------------------------------------
+
+
+class Attention(nn.Module):
+    """Multi-head attention with MHA/GQA/MQA, optional RoPE, KV cache and cross-attention."""
+
+    def __init__(self, config, layer_idx: int, *, is_causal: bool, is_cross_attention: bool = False):
+        super().__init__()
+        self.config = config
+        self.layer_idx = layer_idx
+        self.is_causal = is_causal
+        self.is_cross_attention = is_cross_attention
+        self.num_heads = config.num_attention_heads
+        self.num_key_value_heads = config.num_key_value_heads
+        self.num_key_value_groups = self.num_heads // self.num_key_value_heads
+        self.head_dim = config.head_dim
+        self.scaling = config.effective_attention_scale
+        self.attention_dropout = config.attention_dropout
+        e, d, bias = config.hidden_size, config.head_dim, config.attention_bias
+        self.q_proj = nn.Linear(e, self.num_heads * d, bias=bias)
+        self.k_proj = nn.Linear(e, self.num_key_value_heads * d, bias=bias)
+        self.v_proj = nn.Linear(e, self.num_key_value_heads * d, bias=bias)
+        self.o_proj = nn.Linear(self.num_heads * d, e, bias=bias)
+
+    def _project_kv(self, x: torch.Tensor):
+        b, s, _ = x.shape
+        k = self.k_proj(x).view(b, s, self.num_key_value_heads, self.head_dim).transpose(1, 2)  # (B, K, S, D)
+        v = self.v_proj(x).view(b, s, self.num_key_value_heads, self.head_dim).transpose(1, 2)
+        return k, v
+
+    def forward(
+        self,
+        hidden_states: torch.Tensor,
+        attention_mask: torch.Tensor | None,
+        *,
+        rope: tuple[torch.Tensor, torch.Tensor] | None = None,
+        key_value_states: torch.Tensor | None = None,
+        cache: Cache | None = None,
+        output_attentions: bool = False,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        b, t, _ = hidden_states.shape
+        q = self.q_proj(hidden_states).view(b, t, self.num_heads, self.head_dim).transpose(1, 2)  # (B, H, T, D)
+
+        layer_cache = cache
+        if isinstance(cache, EncoderDecoderCache):
+            layer_cache = cache.cross_attention_cache if self.is_cross_attention else cache.self_attention_cache
+        if self.is_cross_attention:
+            # Encoder keys/values are computed once and reused at every decoding step.
+            if cache is not None and cache.is_updated.get(self.layer_idx):
+                k, v = layer_cache.layers[self.layer_idx].keys, layer_cache.layers[self.layer_idx].values
+            else:
+                k, v = self._project_kv(key_value_states)
+                if cache is not None:
+                    k, v = layer_cache.update(k, v, self.layer_idx)
+                    cache.is_updated[self.layer_idx] = True
+        else:
+            k, v = self._project_kv(hidden_states)
+            if rope is not None:
+                q, k = apply_rope(q, *rope), apply_rope(k, *rope)
+            if layer_cache is not None:
+                k, v = layer_cache.update(k, v, self.layer_idx)
+
+        attention_fn: Callable = ALL_ATTENTION_FUNCTIONS.get_interface(
+            self.config._attn_implementation, eager_attention_forward
+        )
+        out, weights = attention_fn(
+            self,
+            q,
+            k,
+            v,
+            attention_mask,
+            scaling=self.scaling,
+            dropout=self.attention_dropout if self.training else 0.0,
+        )
+        if output_attentions and weights is None:
+            # Fast kernels do not return probabilities: recompute them for this layer only.
+            weights = attention_probabilities(self, q, k, attention_mask, self.scaling).to(q.dtype)
+        out = self.o_proj(out.reshape(b, t, -1))  # (B, T, E)
+        return out, (weights if output_attentions else None)
+
+
+# Block ---------------------------------------------------------------------------------------------
+
+
+class Block(GradientCheckpointingLayer):
+    """Self-attention, optional cross-attention, MLP; each a residual branch, pre- or post-norm."""
+
+    def __init__(self, config, layer_idx: int, *, is_causal: bool, cross_attention: bool):
+        super().__init__()
+        self.pre_norm = config.pre_norm
+        self.self_attn = Attention(config, layer_idx, is_causal=is_causal)
+        self.self_attn_norm = make_norm(config)
+        self.cross_attn = Attention(config, layer_idx, is_causal=False, is_cross_attention=True) if cross_attention else None
+        self.cross_attn_norm = make_norm(config) if cross_attention else None
+        self.mlp = MLP(config)
+        self.mlp_norm = make_norm(config)
+        self.dropout = nn.Dropout(config.hidden_dropout)
+
+    def _residual(self, h, norm, branch):
+        """h + branch(norm(h)) when pre-norm, norm(h + branch(h)) when post-norm."""
+        if self.pre_norm:
+            out, weights = branch(norm(h))
+            return h + self.dropout(out), weights
+        out, weights = branch(h)
+        return norm(h + self.dropout(out)), weights
+
+    def forward(
+        self,
+        hidden_states: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        rope: tuple[torch.Tensor, torch.Tensor] | None = None,
+        encoder_hidden_states: torch.Tensor | None = None,
+        encoder_attention_mask: torch.Tensor | None = None,
+        cache: Cache | None = None,
+        output_attentions: bool = False,
+    ):
+        h, self_weights = self._residual(
+            hidden_states,
+            self.self_attn_norm,
+            lambda x: self.self_attn(x, attention_mask, rope=rope, cache=cache, output_attentions=output_attentions),
+        )
+        cross_weights = None
+        if self.cross_attn is not None:
+            h, cross_weights = self._residual(
+                h,
+                self.cross_attn_norm,
+                lambda x: self.cross_attn(
+                    x,
+                    encoder_attention_mask,
+                    key_value_states=encoder_hidden_states,
+                    cache=cache,
+                    output_attentions=output_attentions,
+                ),
+            )
+        h, _ = self._residual(h, self.mlp_norm, lambda x: (self.mlp(x), None))
+        return h, self_weights, cross_weights
+
+

@@ -1,0 +1,201 @@
+"""The causal decoder (GPT-2, Llama, Mistral-like), its LM head and its classification head."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from transformers.cache_utils import Cache, DynamicCache
+from transformers.generation import GenerationMixin
+from transformers.modeling_outputs import (
+    BaseModelOutputWithPast,
+    CausalLMOutputWithPast,
+    SequenceClassifierOutputWithPast,
+)
+
+from ..configuration.configuration_swapformer import DecoderConfig
+from .modeling_base import (
+    SwapformerPreTrainedModel,
+    finish_output,
+    resolve_cache_argument,
+    sequence_classification_loss,
+    token_cross_entropy,
+)
+from .stack import StackMixin
+
+
+class DecoderPreTrainedModel(SwapformerPreTrainedModel):
+    config_class = DecoderConfig
+
+
+class DecoderModel(StackMixin, DecoderPreTrainedModel):
+    """Token ids to hidden states (B, T, E), with a KV cache for generation."""
+
+    def __init__(self, config: DecoderConfig):
+        super().__init__(config)
+        self.init_stack(config, num_layers=config.num_hidden_layers, causal=True, cross_attention=False)
+        self.post_init()
+
+    def forward(
+        self,
+        input_ids: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        position_ids: torch.Tensor | None = None,
+        cache: Cache | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        use_cache: bool | None = None,
+        output_attentions: bool | None = None,
+        output_hidden_states: bool | None = None,
+        return_dict: bool | None = None,
+        past_key_values: Cache | None = None,
+    ) -> BaseModelOutputWithPast | tuple:
+        """
+        Args:
+            attention_mask: (B, P + T) over cached and new tokens, 1 for tokens, 0 for padding.
+            cache: a transformers `Cache` holding P tokens (`past_key_values` is its old name).
+            use_cache: create a `DynamicCache` when none is given and return it.
+        """
+        cfg = self.config
+        cache = resolve_cache_argument(cache, past_key_values)
+        use_cache = cfg.use_cache if use_cache is None else use_cache
+        # A cache the caller passed is always read and updated; one is only created on request.
+        if use_cache and cache is None and not (self.training and self.gradient_checkpointing):
+            cache = DynamicCache(config=cfg)
+        h, hidden, attns, _ = self.forward_stack(
+            input_ids=input_ids,
+            inputs_embeds=inputs_embeds,
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+            cache=cache,
+            output_attentions=cfg.output_attentions if output_attentions is None else output_attentions,
+            output_hidden_states=cfg.output_hidden_states if output_hidden_states is None else output_hidden_states,
+        )
+        out = BaseModelOutputWithPast(last_hidden_state=h, cache=cache, hidden_states=hidden, attentions=attns)
+        return finish_output(cfg, out, return_dict)
+
+
+class DecoderForCausalLM(DecoderPreTrainedModel, GenerationMixin):
+    _tied_weights_keys = {"lm_head.weight": "model.embed_tokens.weight"}
+    accepts_loss_kwargs = True
+
+    def __init__(self, config: DecoderConfig):
+        super().__init__(config)
+        self.model = DecoderModel(config)
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.post_init()
+
+    def forward(
+        self,
+        input_ids: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        position_ids: torch.Tensor | None = None,
+        cache: Cache | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        labels: torch.Tensor | None = None,
+        use_cache: bool | None = None,
+        output_attentions: bool | None = None,
+        output_hidden_states: bool | None = None,
+        return_dict: bool | None = None,
+        logits_to_keep: int | torch.Tensor = 0,
+        num_items_in_batch: int | torch.Tensor | None = None,
+        past_key_values: Cache | None = None,
+    ) -> CausalLMOutputWithPast | tuple:
+        """
+        Args:
+            labels: (B, T) usually the input ids; shifted inside, -100 where no loss is taken.
+            logits_to_keep: compute logits for the last N positions only (0: all), or for the
+                positions in a 1-D index tensor; generation uses 1.
+            num_items_in_batch: labelled tokens in the whole accumulated batch (see `token_cross_entropy`).
+        """
+        out = self.model(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+            cache=resolve_cache_argument(cache, past_key_values),
+            inputs_embeds=inputs_embeds,
+            use_cache=use_cache,
+            output_attentions=output_attentions,
+            output_hidden_states=output_hidden_states,
+            return_dict=True,
+        )
+        h = out.last_hidden_state
+        if isinstance(logits_to_keep, int):
+            h = h[:, -logits_to_keep:] if logits_to_keep else h
+        else:
+            h = h[:, logits_to_keep]
+        logits = self.lm_head(h)
+        loss = None
+        if labels is not None:
+            loss = token_cross_entropy(logits, labels, shift=True, num_items_in_batch=num_items_in_batch)
+        result = CausalLMOutputWithPast(
+            loss=loss, logits=logits, cache=out.cache, hidden_states=out.hidden_states, attentions=out.attentions
+        )
+        return finish_output(self.config, result, return_dict)
+
+
+class DecoderForSequenceClassification(DecoderPreTrainedModel):
+    """Classifies a sequence from the hidden state of its last token (GPT-2, Llama style)."""
+
+    def __init__(self, config: DecoderConfig):
+        super().__init__(config)
+        self.model = DecoderModel(config)
+        self.score = nn.Linear(config.hidden_size, config.num_labels, bias=False)
+        self.post_init()
+
+    def forward(
+        self,
+        input_ids: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        position_ids: torch.Tensor | None = None,
+        cache: Cache | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        labels: torch.Tensor | None = None,
+        use_cache: bool | None = None,
+        output_attentions: bool | None = None,
+        output_hidden_states: bool | None = None,
+        return_dict: bool | None = None,
+        past_key_values: Cache | None = None,
+    ) -> SequenceClassifierOutputWithPast | tuple:
+        """The last token is the last one with attention_mask 1 (left or right padding), else
+        the last one that is not `pad_token_id`, else the last position."""
+        out = self.model(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+            cache=resolve_cache_argument(cache, past_key_values),
+            inputs_embeds=inputs_embeds,
+            use_cache=use_cache,
+            output_attentions=output_attentions,
+            output_hidden_states=output_hidden_states,
+            return_dict=True,
+        )
+        logits = self.score(out.last_hidden_state)  # (B, T, num_labels)
+        b, t = logits.shape[:2]
+        positions = torch.arange(t, device=logits.device)
+        if attention_mask is not None:
+            last = (attention_mask[:, -t:].to(logits.device).bool() * positions).argmax(-1)
+        elif input_ids is not None and self.config.pad_token_id is not None:
+            last = ((input_ids != self.config.pad_token_id).to(logits.device) * positions).argmax(-1)
+        elif b == 1 or input_ids is None:
+            last = torch.full((b,), t - 1, device=logits.device)
+        else:
+            raise ValueError(
+                "DecoderForSequenceClassification needs attention_mask or config.pad_token_id to find the last "
+                f"token of each of the {b} sequences"
+            )
+        pooled = logits[torch.arange(b, device=logits.device), last]
+        loss = sequence_classification_loss(self.config, pooled, labels) if labels is not None else None
+        result = SequenceClassifierOutputWithPast(
+            loss=loss, logits=pooled, cache=out.cache, hidden_states=out.hidden_states, attentions=out.attentions
+        )
+        return finish_output(self.config, result, return_dict)
+
+
+AUTO_CLASSES = {
+    "AutoModel": DecoderModel,
+    "AutoModelForCausalLM": DecoderForCausalLM,
+    "AutoModelForSequenceClassification": DecoderForSequenceClassification,
+}
+for _cls in AUTO_CLASSES.values():
+    _cls.auto_classes = AUTO_CLASSES
+
+__all__ = ["DecoderPreTrainedModel", "DecoderModel", "DecoderForCausalLM", "DecoderForSequenceClassification"]

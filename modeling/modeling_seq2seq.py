@@ -1,0 +1,280 @@
+"""The encoder-decoder (T5, BART-like): a bidirectional encoder stack and a causal decoder stack with
+cross-attention, sharing one token embedding by default."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from transformers.cache_utils import Cache, DynamicCache, EncoderDecoderCache
+from transformers.generation import GenerationMixin
+from transformers.modeling_outputs import BaseModelOutput, BaseModelOutputWithPastAndCrossAttentions, Seq2SeqLMOutput, Seq2SeqModelOutput
+
+from ..configuration.configuration_swapformer import Seq2SeqConfig
+from .modeling_base import SwapformerPreTrainedModel, finish_output, resolve_cache_argument, token_cross_entropy
+from .stack import StackMixin
+
+
+def shift_tokens_right(labels: torch.Tensor, pad_token_id: int | None, decoder_start_token_id: int | None) -> torch.Tensor:
+    """Decoder inputs from labels: [start, y0, ..., y_{n-2}], with -100 replaced by the pad id."""
+    if decoder_start_token_id is None or pad_token_id is None:
+        raise ValueError(
+            f"Making decoder inputs from labels needs decoder_start_token_id and pad_token_id in the config, got "
+            f"decoder_start_token_id={decoder_start_token_id}, pad_token_id={pad_token_id}; set them or pass decoder_input_ids"
+        )
+    shifted = labels.new_full(labels.shape, decoder_start_token_id)
+    shifted[:, 1:] = labels[:, :-1]
+    return shifted.masked_fill(shifted == -100, pad_token_id)
+
+
+class Seq2SeqStack(StackMixin, nn.Module):
+    """One half of the encoder-decoder. The encoder half is what `get_encoder()` returns."""
+
+    main_input_name = "input_ids"
+
+    def __init__(self, config: Seq2SeqConfig, *, decoder: bool, embed_tokens: nn.Embedding | None):
+        super().__init__()
+        self.config = config
+        self.is_decoder = decoder
+        self.init_stack(
+            config,
+            num_layers=config.decoder_layers if decoder else config.num_hidden_layers,
+            causal=decoder,
+            cross_attention=decoder,
+            embed_tokens=embed_tokens,
+        )
+
+    def forward(
+        self,
+        input_ids: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        position_ids: torch.Tensor | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        encoder_hidden_states: torch.Tensor | None = None,
+        encoder_attention_mask: torch.Tensor | None = None,
+        cache: Cache | None = None,
+        output_attentions: bool | None = None,
+        output_hidden_states: bool | None = None,
+        return_dict: bool | None = None,
+    ):
+        cfg = self.config
+        if self.is_decoder and encoder_hidden_states is None:
+            raise ValueError("The decoder needs encoder_hidden_states (the encoder's last hidden state)")
+        h, hidden, attns, cross = self.forward_stack(
+            input_ids=input_ids,
+            inputs_embeds=inputs_embeds,
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+            cache=cache,
+            encoder_hidden_states=encoder_hidden_states,
+            encoder_attention_mask=encoder_attention_mask,
+            output_attentions=cfg.output_attentions if output_attentions is None else output_attentions,
+            output_hidden_states=cfg.output_hidden_states if output_hidden_states is None else output_hidden_states,
+            input_prefix="decoder_" if self.is_decoder else "",
+        )
+        if self.is_decoder:
+            out = BaseModelOutputWithPastAndCrossAttentions(
+                last_hidden_state=h, cache=cache, hidden_states=hidden, attentions=attns, cross_attentions=cross
+            )
+        else:
+            out = BaseModelOutput(last_hidden_state=h, hidden_states=hidden, attentions=attns)
+        return finish_output(cfg, out, return_dict)
+
+
+class Seq2SeqPreTrainedModel(SwapformerPreTrainedModel):
+    config_class = Seq2SeqConfig
+
+    def resize_token_embeddings(self, new_num_tokens=None, pad_to_multiple_of=None, mean_resizing=True):
+        """Also resizes the decoder's own embedding when `shared_embeddings=False`."""
+        base = self.model if isinstance(self, Seq2SeqForConditionalGeneration) else self
+        if new_num_tokens is not None and base.shared is None:
+            base.decoder.embed_tokens = self._get_resized_embeddings(
+                base.decoder.embed_tokens, new_num_tokens, pad_to_multiple_of, mean_resizing
+            )
+        return super().resize_token_embeddings(new_num_tokens, pad_to_multiple_of, mean_resizing)
+
+
+class Seq2SeqModel(Seq2SeqPreTrainedModel):
+    def __init__(self, config: Seq2SeqConfig):
+        super().__init__(config)
+        self.shared = nn.Embedding(config.vocab_size, config.hidden_size) if config.shared_embeddings else None
+        self.encoder = Seq2SeqStack(config, decoder=False, embed_tokens=self.shared)
+        self.decoder = Seq2SeqStack(config, decoder=True, embed_tokens=self.shared)
+        self.post_init()
+
+    def get_expanded_tied_weights_keys(self, all_submodels: bool = False) -> dict:
+        # Both halves read `shared` whether or not the output projection is tied to it.
+        keys = super().get_expanded_tied_weights_keys(all_submodels=all_submodels)
+        if self.config.shared_embeddings:
+            keys.update({"encoder.embed_tokens.weight": "shared.weight", "decoder.embed_tokens.weight": "shared.weight"})
+        return keys
+
+    def get_input_embeddings(self) -> nn.Embedding:
+        return self.shared if self.shared is not None else self.encoder.embed_tokens
+
+    def set_input_embeddings(self, value: nn.Embedding) -> None:
+        if self.shared is not None:
+            self.shared = value
+            self.decoder.embed_tokens = value
+        self.encoder.embed_tokens = value
+
+    def get_encoder(self, modality: str | None = None):
+        return self.encoder
+
+    def forward(
+        self,
+        input_ids: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        decoder_input_ids: torch.Tensor | None = None,
+        decoder_attention_mask: torch.Tensor | None = None,
+        decoder_position_ids: torch.Tensor | None = None,
+        encoder_outputs: BaseModelOutput | tuple | None = None,
+        cache: Cache | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        decoder_inputs_embeds: torch.Tensor | None = None,
+        use_cache: bool | None = None,
+        output_attentions: bool | None = None,
+        output_hidden_states: bool | None = None,
+        return_dict: bool | None = None,
+        past_key_values: Cache | None = None,
+    ) -> Seq2SeqModelOutput | tuple:
+        """
+        Args:
+            attention_mask: (B, S_enc) padding mask of the encoder input (also masks cross-attention).
+            decoder_attention_mask: (B, P + T) padding mask of the decoder input.
+            encoder_outputs: a previous encoder output, reused instead of running the encoder.
+            cache: an `EncoderDecoderCache` (self-attention and cross-attention keys/values).
+        """
+        cfg = self.config
+        cache = resolve_cache_argument(cache, past_key_values)
+        if encoder_outputs is None:
+            encoder_outputs = self.encoder(
+                input_ids=input_ids,
+                attention_mask=attention_mask,
+                inputs_embeds=inputs_embeds,
+                output_attentions=output_attentions,
+                output_hidden_states=output_hidden_states,
+                return_dict=True,
+            )
+        elif not isinstance(encoder_outputs, BaseModelOutput):
+            encoder_outputs = BaseModelOutput(*encoder_outputs)
+        if decoder_input_ids is None and decoder_inputs_embeds is None:
+            raise ValueError("Pass decoder_input_ids or decoder_inputs_embeds (or labels to the LM, which makes them)")
+        use_cache = cfg.use_cache if use_cache is None else use_cache
+        if use_cache and cache is None and not (self.training and self.gradient_checkpointing):
+            cache = EncoderDecoderCache(DynamicCache(config=cfg), DynamicCache(config=cfg))
+        dec = self.decoder(
+            input_ids=decoder_input_ids,
+            attention_mask=decoder_attention_mask,
+            position_ids=decoder_position_ids,
+            inputs_embeds=decoder_inputs_embeds,
+            encoder_hidden_states=encoder_outputs.last_hidden_state,
+            encoder_attention_mask=attention_mask,
+            cache=cache,
+            output_attentions=output_attentions,
+            output_hidden_states=output_hidden_states,
+            return_dict=True,
+        )
+        out = Seq2SeqModelOutput(
+            last_hidden_state=dec.last_hidden_state,
+            cache=cache,
+            decoder_hidden_states=dec.hidden_states,
+            decoder_attentions=dec.attentions,
+            cross_attentions=dec.cross_attentions,
+            encoder_last_hidden_state=encoder_outputs.last_hidden_state,
+            encoder_hidden_states=encoder_outputs.hidden_states,
+            encoder_attentions=encoder_outputs.attentions,
+        )
+        return finish_output(cfg, out, return_dict)
+
+
+class Seq2SeqForConditionalGeneration(Seq2SeqPreTrainedModel, GenerationMixin):
+    accepts_loss_kwargs = True
+
+    def __init__(self, config: Seq2SeqConfig):
+        source = "model.shared.weight" if config.shared_embeddings else "model.decoder.embed_tokens.weight"
+        self._tied_weights_keys = {"lm_head.weight": source}
+        super().__init__(config)
+        self.model = Seq2SeqModel(config)
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.post_init()
+
+    def get_encoder(self, modality: str | None = None):
+        return self.model.encoder
+
+    def prepare_decoder_input_ids_from_labels(self, labels: torch.Tensor) -> torch.Tensor:
+        return shift_tokens_right(labels, self.config.pad_token_id, self.config.decoder_start_token_id)
+
+    def forward(
+        self,
+        input_ids: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        decoder_input_ids: torch.Tensor | None = None,
+        decoder_attention_mask: torch.Tensor | None = None,
+        decoder_position_ids: torch.Tensor | None = None,
+        encoder_outputs: BaseModelOutput | tuple | None = None,
+        cache: Cache | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        decoder_inputs_embeds: torch.Tensor | None = None,
+        labels: torch.Tensor | None = None,
+        use_cache: bool | None = None,
+        output_attentions: bool | None = None,
+        output_hidden_states: bool | None = None,
+        return_dict: bool | None = None,
+        logits_to_keep: int | torch.Tensor = 0,
+        num_items_in_batch: int | torch.Tensor | None = None,
+        past_key_values: Cache | None = None,
+    ) -> Seq2SeqLMOutput | tuple:
+        """
+        Args:
+            labels: (B, T) target ids, -100 where no loss is taken. When decoder inputs are not
+                given they are made by shifting the labels right once; the loss compares the logits
+                with the labels as they are (no second shift).
+        """
+        if labels is not None and decoder_input_ids is None and decoder_inputs_embeds is None:
+            decoder_input_ids = self.prepare_decoder_input_ids_from_labels(labels)
+        out = self.model(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            decoder_input_ids=decoder_input_ids,
+            decoder_attention_mask=decoder_attention_mask,
+            decoder_position_ids=decoder_position_ids,
+            encoder_outputs=encoder_outputs,
+            cache=resolve_cache_argument(cache, past_key_values),
+            inputs_embeds=inputs_embeds,
+            decoder_inputs_embeds=decoder_inputs_embeds,
+            use_cache=use_cache,
+            output_attentions=output_attentions,
+            output_hidden_states=output_hidden_states,
+            return_dict=True,
+        )
+        h = out.last_hidden_state
+        if isinstance(logits_to_keep, int):
+            h = h[:, -logits_to_keep:] if logits_to_keep else h
+        else:
+            h = h[:, logits_to_keep]
+        logits = self.lm_head(h)
+        loss = None
+        if labels is not None:
+            loss = token_cross_entropy(logits, labels, shift=False, num_items_in_batch=num_items_in_batch)
+        result = Seq2SeqLMOutput(
+            loss=loss,
+            logits=logits,
+            cache=out.cache,
+            decoder_hidden_states=out.decoder_hidden_states,
+            decoder_attentions=out.decoder_attentions,
+            cross_attentions=out.cross_attentions,
+            encoder_last_hidden_state=out.encoder_last_hidden_state,
+            encoder_hidden_states=out.encoder_hidden_states,
+            encoder_attentions=out.encoder_attentions,
+        )
+        return finish_output(self.config, result, return_dict)
+
+
+AUTO_CLASSES = {
+    "AutoModel": Seq2SeqModel,
+    "AutoModelForSeq2SeqLM": Seq2SeqForConditionalGeneration,
+}
+for _cls in AUTO_CLASSES.values():
+    _cls.auto_classes = AUTO_CLASSES
+
+__all__ = ["Seq2SeqPreTrainedModel", "Seq2SeqModel", "Seq2SeqForConditionalGeneration", "shift_tokens_right"]

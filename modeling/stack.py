@@ -1,0 +1,265 @@
+"""A stack of blocks, from token ids to the last hidden state.
+
+Shape legend: B batch, T new tokens, P cached tokens, S = P + T keys, E hidden size, H heads.
+
+The base encoder and decoder models and both halves of the encoder-decoder are this one stack with
+two switches (causal self-attention, cross-attention). It is a mixin so the base models keep their
+parameters at HF-standard names (`embed_tokens`, `layers.0.self_attn.q_proj`) without a wrapper
+level. Per forward it validates the inputs, computes positions once and builds each mask once for
+the chosen backend; the blocks only consume them.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from transformers.cache_utils import Cache
+
+from .layers import Block, alibi_bias, make_norm, relative_position_bucket, rope_cos_sin, sinusoidal_embedding
+from .masks import lower_mask
+
+
+def positions_from_mask(key_valid: torch.Tensor | None, batch: int, total: int, device) -> torch.Tensor:
+    """Integer positions of all S keys, (B, S): counted over non-padding tokens when a padding mask
+    is given, so a left-padded row gets the positions of the same row unpadded."""
+    if key_valid is None:
+        return torch.arange(total, device=device)[None].expand(batch, -1)
+    return (key_valid.long().cumsum(-1) - 1).clamp(min=0)
+
+
+class StackMixin:
+    """Mixed into an `nn.Module` whose `config` is a `SwapformerConfig`."""
+
+    def init_stack(
+        self,
+        config,
+        *,
+        num_layers: int,
+        causal: bool,
+        cross_attention: bool,
+        embed_tokens: nn.Embedding | None = None,
+        token_types: bool = False,
+    ) -> None:
+        self.causal = causal
+        self.embed_tokens = embed_tokens if embed_tokens is not None else nn.Embedding(config.vocab_size, config.hidden_size)
+        self.embed_scale = config.hidden_size**0.5 if config.scale_embeddings else 1.0
+        self.token_type_embeddings = (
+            nn.Embedding(config.type_vocab_size, config.hidden_size)
+            if token_types and config.type_vocab_size > 0
+            else None
+        )
+        self.embed_positions = (
+            nn.Embedding(config.max_position_embeddings, config.hidden_size)
+            if config.position_embedding_type == "learned"
+            else None
+        )
+        self.relative_attention_bias = (
+            nn.Embedding(config.relative_attention_num_buckets, config.num_attention_heads)
+            if config.position_embedding_type == "relative_bias"
+            else None
+        )
+        self.embed_norm = make_norm(config) if config.embedding_norm else None
+        self.embed_dropout = nn.Dropout(config.hidden_dropout)
+        self.layers = nn.ModuleList(
+            [Block(config, i, is_causal=causal, cross_attention=cross_attention) for i in range(num_layers)]
+        )
+        self.norm = make_norm(config) if config.pre_norm else None
+
+    # Pieces computed once per forward -----------------------------------------------------------
+
+    def embed(self, input_ids, inputs_embeds, token_type_ids, position_ids) -> torch.Tensor:
+        # Like transformers, user-given inputs_embeds replace the (scaled) token embedding.
+        h = self.embed_tokens(input_ids) * self.embed_scale if inputs_embeds is None else inputs_embeds
+        if token_type_ids is not None:
+            if self.token_type_embeddings is None:
+                if bool(token_type_ids.any()):
+                    raise ValueError(
+                        "token_type_ids has non-zero entries but this model has no token type embeddings "
+                        "(type_vocab_size=0); drop token_type_ids or build the model with type_vocab_size > 0"
+                    )
+            else:
+                h = h + self.token_type_embeddings(token_type_ids)
+        elif self.token_type_embeddings is not None:
+            h = h + self.token_type_embeddings.weight[0]
+        if self.embed_positions is not None:
+            h = h + self.embed_positions(position_ids)
+        elif self.config.position_embedding_type == "sinusoidal":
+            h = h + sinusoidal_embedding(position_ids, self.config.hidden_size, h.dtype)
+        if self.embed_norm is not None:
+            h = self.embed_norm(h)
+        return self.embed_dropout(h)
+
+    def position_bias(self, query_pos: torch.Tensor, key_pos: torch.Tensor) -> torch.Tensor | None:
+        """Additive score bias (B, H, T, S) for ALiBi and T5 relative positions, else None."""
+        kind = self.config.position_embedding_type
+        if kind == "alibi":
+            return alibi_bias(query_pos, key_pos, self.config.num_attention_heads, self.causal)
+        if kind == "relative_bias":
+            buckets = relative_position_bucket(
+                key_pos[:, None, :] - query_pos[:, :, None],  # (B, T, S)
+                bidirectional=not self.causal,
+                num_buckets=self.config.relative_attention_num_buckets,
+                max_distance=self.config.relative_attention_max_distance,
+            )
+            return self.relative_attention_bias(buckets).permute(0, 3, 1, 2)
+        return None
+
+    # Forward ------------------------------------------------------------------------------------
+
+    def forward_stack(
+        self,
+        *,
+        input_ids: torch.Tensor | None,
+        inputs_embeds: torch.Tensor | None,
+        attention_mask: torch.Tensor | None,
+        position_ids: torch.Tensor | None = None,
+        token_type_ids: torch.Tensor | None = None,
+        cache: Cache | None = None,
+        encoder_hidden_states: torch.Tensor | None = None,
+        encoder_attention_mask: torch.Tensor | None = None,
+        output_attentions: bool = False,
+        output_hidden_states: bool = False,
+        input_prefix: str = "",
+    ):
+        """Run the stack.
+
+        Args:
+            input_ids: (B, T) token ids, or `inputs_embeds` (B, T, E).
+            attention_mask: (B, P + T), 1 for tokens and 0 for padding.
+            position_ids: (B, T) or (1, T); by default counted over non-padding tokens.
+            encoder_hidden_states: (B, S_enc, E) for cross-attention, with its padding mask
+                `encoder_attention_mask` (B, S_enc).
+            input_prefix: "decoder_" when this is the decoder half of a seq2seq (for error messages).
+        Returns:
+            (last hidden state, all hidden states or None, self-attention weights or None,
+            cross-attention weights or None).
+        """
+        config = self.config
+        past = cache.get_seq_length() if cache is not None else 0
+        validate_inputs(
+            config,
+            input_ids=input_ids,
+            inputs_embeds=inputs_embeds,
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+            past_length=past,
+            prefix=input_prefix,
+        )
+        ref = input_ids if input_ids is not None else inputs_embeds
+        b, t = ref.shape[:2]
+        device = ref.device
+        key_valid = attention_mask.bool() if attention_mask is not None else None
+        key_pos = positions_from_mask(key_valid, b, past + t, device)  # (B, S)
+        if position_ids is None:
+            position_ids = key_pos[:, past:]
+        else:
+            position_ids = position_ids.view(-1, t).expand(b, t).to(device)
+            if key_valid is None and past == 0:
+                key_pos = position_ids
+
+        h = self.embed(input_ids, inputs_embeds, token_type_ids, position_ids)
+        backend = config._attn_implementation or "eager"
+        rope = None
+        if config.position_embedding_type == "rope":
+            rope = rope_cos_sin(position_ids, config.head_dim, config.rope_theta, h.dtype)
+        mask = lower_mask(
+            backend,
+            batch=b,
+            query_length=t,
+            key_length=past + t,
+            causal=self.causal,
+            key_valid=key_valid,
+            bias=self.position_bias(position_ids, key_pos),
+            dtype=h.dtype,
+            device=device,
+        )
+        cross_mask = None
+        if encoder_hidden_states is not None:
+            cross_mask = lower_mask(
+                backend,
+                batch=b,
+                query_length=t,
+                key_length=encoder_hidden_states.shape[1],
+                causal=False,
+                key_valid=encoder_attention_mask.bool() if encoder_attention_mask is not None else None,
+                bias=None,
+                dtype=h.dtype,
+                device=device,
+            )
+
+        all_hidden = [] if output_hidden_states else None
+        self_attns = [] if output_attentions else None
+        cross_attns = [] if output_attentions and encoder_hidden_states is not None else None
+        for block in self.layers:
+            if all_hidden is not None:
+                all_hidden.append(h)
+            # tensors positionally, so activation checkpointing tracks their gradients
+            h, self_w, cross_w = block(
+                h, mask, rope, encoder_hidden_states, cross_mask, cache=cache, output_attentions=output_attentions
+            )
+            if self_attns is not None:
+                self_attns.append(self_w)
+            if cross_attns is not None:
+                cross_attns.append(cross_w)
+        if self.norm is not None:
+            h = self.norm(h)
+        if all_hidden is not None:
+            all_hidden.append(h)
+        as_tuple = lambda xs: tuple(xs) if xs is not None else None  # noqa: E731
+        return h, as_tuple(all_hidden), as_tuple(self_attns), as_tuple(cross_attns)
+
+
+
+def validate_inputs(
+    config,
+    *,
+    input_ids: torch.Tensor | None,
+    inputs_embeds: torch.Tensor | None,
+    attention_mask: torch.Tensor | None,
+    past_length: int,
+    position_ids: torch.Tensor | None = None,
+    prefix: str = "",
+) -> None:
+    """Check the inputs of one stack. `prefix` is "decoder_" for the decoder half of a seq2seq."""
+    ids, embeds, mask = f"{prefix}input_ids", f"{prefix}inputs_embeds", f"{prefix}attention_mask"
+    if (input_ids is None) == (inputs_embeds is None):
+        raise ValueError(f"Pass exactly one of {ids} and {embeds} (got {'both' if input_ids is not None else 'neither'})")
+    if input_ids is not None:
+        if input_ids.dim() != 2:
+            raise ValueError(f"{ids} must have shape (batch, sequence), got shape {tuple(input_ids.shape)}")
+        if input_ids.dtype.is_floating_point or input_ids.dtype == torch.bool or input_ids.dtype.is_complex:
+            raise ValueError(f"{ids} must hold integer token ids, got dtype {input_ids.dtype}")
+        if input_ids.numel():
+            low, high = int(input_ids.min()), int(input_ids.max())
+            if low < 0 or high >= config.vocab_size:
+                raise ValueError(
+                    f"{ids} holds token ids in [{low}, {high}] but vocab_size={config.vocab_size}; the tokenizer "
+                    f"and the model disagree (resize_token_embeddings, or fix the tokenizer)"
+                )
+        batch, length = input_ids.shape
+    else:
+        if inputs_embeds.dim() != 3 or inputs_embeds.shape[-1] != config.hidden_size:
+            raise ValueError(
+                f"{embeds} must have shape (batch, sequence, hidden_size={config.hidden_size}), got "
+                f"{tuple(inputs_embeds.shape)}"
+            )
+        batch, length = inputs_embeds.shape[:2]
+    total = past_length + length
+    if attention_mask is not None:
+        if attention_mask.dim() != 2 or tuple(attention_mask.shape) != (batch, total):
+            cached = f" ({past_length} cached + {length} new)" if past_length else ""
+            raise ValueError(
+                f"{mask} has shape {tuple(attention_mask.shape)} but the inputs need (batch={batch}, "
+                f"length={total}){cached}: one entry per token, 1 for tokens and 0 for padding"
+            )
+    if position_ids is not None and position_ids.shape[-1] != length:
+        raise ValueError(f"position_ids has shape {tuple(position_ids.shape)}; its last dimension must be {length}")
+    if config.position_embedding_type == "learned":
+        longest = total if position_ids is None else int(position_ids.max()) + 1
+        if longest > config.max_position_embeddings:
+            raise ValueError(
+                f"Sequence of {longest} positions exceeds max_position_embeddings={config.max_position_embeddings} "
+                f"of the learned position table; truncate the inputs or use rope/alibi/relative_bias positions"
+            )
+
+

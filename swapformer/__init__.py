@@ -1,0 +1,45 @@
+"""swapformer: Hugging Face-compatible Transformers whose attention backend you can swap.
+
+Importing the package registers its configs and models with transformers' Auto classes, so
+`AutoModel*.from_config` / `from_pretrained` build swapformer models without `trust_remote_code`.
+"""
+
+from . import auto as _auto
+from .configuration import BACKENDS, DecoderConfig, EncoderConfig, Seq2SeqConfig, SwapformerConfig, capability_table_markdown
+from .modeling import (
+    DecoderForCausalLM,
+    DecoderForSequenceClassification,
+    DecoderModel,
+    EncoderForMaskedLM,
+    EncoderForQuestionAnswering,
+    EncoderForSequenceClassification,
+    EncoderForTokenClassification,
+    EncoderModel,
+    Seq2SeqForConditionalGeneration,
+    Seq2SeqModel,
+    SwapformerPreTrainedModel,
+)
+
+__version__ = "0.1.0"
+
+_auto.register_all()
+
+__all__ = [
+    "BACKENDS",
+    "capability_table_markdown",
+    "SwapformerConfig",
+    "EncoderConfig",
+    "DecoderConfig",
+    "Seq2SeqConfig",
+    "SwapformerPreTrainedModel",
+    "EncoderModel",
+    "EncoderForMaskedLM",
+    "EncoderForSequenceClassification",
+    "EncoderForTokenClassification",
+    "EncoderForQuestionAnswering",
+    "DecoderModel",
+    "DecoderForCausalLM",
+    "DecoderForSequenceClassification",
+    "Seq2SeqModel",
+    "Seq2SeqForConditionalGeneration",
+]
