@@ -96,16 +96,20 @@ class Seq2SeqPreTrainedModel(SwapformerPreTrainedModel):
 class Seq2SeqModel(Seq2SeqPreTrainedModel):
     def __init__(self, config: Seq2SeqConfig):
         super().__init__(config)
+        if config.shared_embeddings:
+            # Declared so that saving drops the two aliases of `shared` and loading restores them.
+            self._tied_weights_keys = {"encoder.embed_tokens.weight": "shared.weight", "decoder.embed_tokens.weight": "shared.weight"}
         self.shared = nn.Embedding(config.vocab_size, config.hidden_size) if config.shared_embeddings else None
         self.encoder = Seq2SeqStack(config, decoder=False, embed_tokens=self.shared)
         self.decoder = Seq2SeqStack(config, decoder=True, embed_tokens=self.shared)
+        self.gradient_checkpointing = False  # set by activation_checkpointing_enable
         self.post_init()
 
     def get_expanded_tied_weights_keys(self, all_submodels: bool = False) -> dict:
         # Both halves read `shared` whether or not the output projection is tied to it.
         keys = super().get_expanded_tied_weights_keys(all_submodels=all_submodels)
         if self.config.shared_embeddings:
-            keys.update({"encoder.embed_tokens.weight": "shared.weight", "decoder.embed_tokens.weight": "shared.weight"})
+            keys.update(self._tied_weights_keys)
         return keys
 
     def get_input_embeddings(self) -> nn.Embedding:
@@ -191,9 +195,9 @@ class Seq2SeqForConditionalGeneration(Seq2SeqPreTrainedModel, GenerationMixin):
     accepts_loss_kwargs = True
 
     def __init__(self, config: Seq2SeqConfig):
+        super().__init__(config)
         source = "model.shared.weight" if config.shared_embeddings else "model.decoder.embed_tokens.weight"
         self._tied_weights_keys = {"lm_head.weight": source}
-        super().__init__(config)
         self.model = Seq2SeqModel(config)
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         self.post_init()

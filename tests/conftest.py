@@ -1,0 +1,106 @@
+"""Shared helpers: tiny configs, weight scrambling and tolerant comparisons."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+import swapformer
+
+ARCHS = ("encoder", "decoder", "seq2seq")
+POSITIONS = ("learned", "sinusoidal", "rope", "alibi", "relative_bias", "none")
+VOCAB = 97
+
+
+def tiny_config(arch: str, **overrides):
+    """A 2-layer model small enough for exhaustive parametrised tests."""
+    base = dict(
+        vocab_size=VOCAB,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        intermediate_size=48,
+        max_position_embeddings=64,
+        hidden_dropout=0.0,
+        pad_token_id=0,
+        bos_token_id=1,
+        eos_token_id=2,
+    )
+    base.update(overrides)
+    if arch == "encoder":
+        return swapformer.EncoderConfig(**base)
+    if arch == "decoder":
+        return swapformer.DecoderConfig(**base)
+    base.setdefault("decoder_start_token_id", 1)
+    return swapformer.Seq2SeqConfig(**base)
+
+
+BASE_CLASSES = {"encoder": swapformer.EncoderModel, "decoder": swapformer.DecoderModel, "seq2seq": swapformer.Seq2SeqModel}
+LM_CLASSES = {
+    "encoder": swapformer.EncoderForMaskedLM,
+    "decoder": swapformer.DecoderForCausalLM,
+    "seq2seq": swapformer.Seq2SeqForConditionalGeneration,
+}
+
+
+def build(model_class, config, attn="eager", seed=0):
+    """A model on its own copy of `config` (from_config writes the backend into the config it gets)."""
+    torch.manual_seed(seed)
+    model = model_class._from_config(copy.deepcopy(config), attn_implementation=attn)
+    scramble_(model, seed)
+    return model.eval()
+
+
+@torch.no_grad()
+def scramble_(model: torch.nn.Module, seed: int = 0) -> None:
+    """Give every weight a size that makes the function sensitive to mistakes.
+
+    Default inits (std 0.02) make attention almost uniform and layers almost identity, so a wrong
+    scale or mask can hide below a tolerance; matrices get std 1/sqrt(fan_in), vectors N(1, 0.2) for
+    norm weights and N(0, 0.2) for biases.
+    """
+    g = torch.Generator().manual_seed(seed)
+    for name, p in model.named_parameters():
+        if p.dim() >= 2:
+            p.copy_(torch.randn(p.shape, generator=g) / p.shape[-1] ** 0.5)
+        elif "norm" in name and name.endswith("weight"):
+            p.copy_(1 + 0.2 * torch.randn(p.shape, generator=g))
+        else:
+            p.copy_(0.2 * torch.randn(p.shape, generator=g))
+
+
+def padded_batch(batch=3, length=9, padding="right", seed=0, vocab=VOCAB):
+    """Token ids and a 0/1 mask; row 1 and row 2 are shorter (padding on `padding`'s side)."""
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(3, vocab, (batch, length), generator=g)
+    mask = torch.ones(batch, length, dtype=torch.long)
+    if padding != "none":
+        for row, n_pad in ((1, 3), (2, length // 2)):
+            if row < batch:
+                if padding == "right":
+                    mask[row, length - n_pad :] = 0
+                else:
+                    mask[row, :n_pad] = 0
+        ids = ids.masked_fill(mask == 0, 0)
+    return ids, mask
+
+
+def max_diff(a: torch.Tensor, b: torch.Tensor, mask: torch.Tensor | None = None) -> float:
+    """max |a - b|, over the positions where `mask` (B, T) is 1 when given."""
+    d = (a.float() - b.float()).abs()
+    if mask is not None:
+        d = d[mask.bool()]
+    return float(d.max()) if d.numel() else 0.0
+
+
+@pytest.fixture
+def report(request):
+    """Print a measured figure so `pytest -s` / CI logs show it."""
+
+    def _report(label: str, value: float):
+        print(f"\n[{request.node.name}] {label}: {value:.3e}")
+
+    return _report

@@ -1,0 +1,139 @@
+"""The math is the real thing: swapformer configured like BERT, Llama and BART matches
+transformers' own models with the weights copied across (fp32, padding, eager and sdpa)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import max_diff, padded_batch, scramble_
+from transformers import BartConfig, BartForConditionalGeneration, BartModel, BertConfig, BertModel, LlamaConfig, LlamaForCausalLM, LlamaModel
+
+import swapformer
+from swapformer.conversion import ConversionError, convert_state_dict, from_hf_model
+
+TOL = 1e-5
+BACKENDS = ["eager", "sdpa"]
+
+
+def bert(attn):
+    return BertModel(BertConfig(vocab_size=97, hidden_size=48, num_hidden_layers=2, num_attention_heads=4,
+                                intermediate_size=96, max_position_embeddings=64, attn_implementation=attn))
+
+
+def llama(attn, cls=LlamaModel, **kw):
+    return cls(LlamaConfig(vocab_size=97, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                           num_attention_heads=8, num_key_value_heads=2, max_position_embeddings=64,
+                           attn_implementation=attn, **kw))
+
+
+def bart(attn, cls=BartModel):
+    return cls(BartConfig(vocab_size=97, d_model=48, encoder_layers=2, decoder_layers=3, encoder_attention_heads=4,
+                          decoder_attention_heads=4, encoder_ffn_dim=96, decoder_ffn_dim=96,
+                          max_position_embeddings=64, attn_implementation=attn))
+
+
+def pair(hf_model, target_class, attn):
+    scramble_(hf_model, seed=1)
+    hf_model.eval()
+    ours = from_hf_model(hf_model, target_class)
+    ours.set_attn_implementation(attn)
+    return hf_model, ours
+
+
+@pytest.mark.parametrize("attn", BACKENDS)
+def test_bert_matches_bertmodel(attn, report):
+    hf, ours = pair(bert(attn), swapformer.EncoderModel, attn)
+    ids, mask = padded_batch(padding="right")
+    types = torch.zeros_like(ids)
+    types[:, 4:] = 1
+    with torch.no_grad():
+        want = hf(ids, attention_mask=mask, token_type_ids=types).last_hidden_state
+        got = ours(ids, attention_mask=mask, token_type_ids=types).last_hidden_state
+    diff = max_diff(got, want, mask)
+    report("BERT last_hidden_state max abs diff", diff)
+    assert diff <= TOL
+
+
+@pytest.mark.parametrize("padding", ["right", "left"])
+@pytest.mark.parametrize("attn", BACKENDS)
+def test_llama_matches_llamaforcausallm(attn, padding, report):
+    hf, ours = pair(llama(attn, LlamaForCausalLM), swapformer.DecoderForCausalLM, attn)
+    ids, mask = padded_batch(padding=padding)
+    # Llama counts positions from 0 at the first column; swapformer counts real tokens. Give
+    # Llama the pad-aware positions so a left-padded row means the same thing to both.
+    positions = (mask.cumsum(-1) - 1).clamp(min=0)
+    with torch.no_grad():
+        want = hf(ids, attention_mask=mask, position_ids=positions).logits
+        got = ours(ids, attention_mask=mask).logits
+    diff = max_diff(got, want, mask)
+    report(f"Llama logits max abs diff ({padding} padding)", diff)
+    assert diff <= TOL
+
+
+@pytest.mark.parametrize("tied", [True, False])
+def test_llama_tied_and_untied_heads(tied):
+    hf, ours = pair(llama("sdpa", LlamaForCausalLM, tie_word_embeddings=tied), swapformer.DecoderForCausalLM, "sdpa")
+    assert (ours.lm_head.weight is ours.model.embed_tokens.weight) == tied
+    ids, mask = padded_batch(padding="right")
+    with torch.no_grad():
+        assert max_diff(ours(ids, attention_mask=mask).logits, hf(ids, attention_mask=mask).logits, mask) <= TOL
+
+
+@pytest.mark.parametrize("attn", BACKENDS)
+def test_bart_matches_bartmodel(attn, report):
+    hf, ours = pair(bart(attn), swapformer.Seq2SeqModel, attn)
+    ids, mask = padded_batch(padding="right")
+    dec_ids, dec_mask = padded_batch(length=7, padding="right", seed=5)
+    with torch.no_grad():
+        want = hf(ids, attention_mask=mask, decoder_input_ids=dec_ids, decoder_attention_mask=dec_mask)
+        got = ours(ids, attention_mask=mask, decoder_input_ids=dec_ids, decoder_attention_mask=dec_mask)
+    enc = max_diff(got.encoder_last_hidden_state, want.encoder_last_hidden_state, mask)
+    dec = max_diff(got.last_hidden_state, want.last_hidden_state, dec_mask)
+    report("BART encoder max abs diff", enc)
+    report("BART decoder max abs diff", dec)
+    assert enc <= TOL and dec <= TOL
+
+
+def test_bart_lm_head_and_loss_match(report):
+    hf, ours = pair(bart("sdpa", BartForConditionalGeneration), swapformer.Seq2SeqForConditionalGeneration, "sdpa")
+    ids, mask = padded_batch(padding="right")
+    labels, label_mask = padded_batch(length=7, padding="right", seed=5)
+    labels = labels.masked_fill(label_mask == 0, -100)
+    with torch.no_grad():
+        want = hf(ids, attention_mask=mask, labels=labels)
+        got = ours(ids, attention_mask=mask, labels=labels)
+    report("BART LM logits max abs diff", max_diff(got.logits, want.logits, label_mask))
+    assert max_diff(got.logits, want.logits, label_mask) <= TOL
+    assert abs(got.loss.item() - want.loss.item()) <= TOL
+
+
+def test_a_wrong_key_map_is_caught():
+    """The parity above is not vacuous: leaving BART's position offset in place breaks it."""
+    hf, ours = pair(bart("eager"), swapformer.Seq2SeqModel, "eager")
+    with torch.no_grad():
+        ours.encoder.embed_positions.weight.copy_(hf.encoder.embed_positions.weight[:64])
+    ids, mask = padded_batch(padding="none")
+    dec_ids, _ = padded_batch(length=5, padding="none", seed=3)
+    with torch.no_grad():
+        a = hf(ids, decoder_input_ids=dec_ids).last_hidden_state
+        b = ours(ids, decoder_input_ids=dec_ids).last_hidden_state
+    assert max_diff(a, b) > 1e-2
+
+
+def test_converter_refuses_unmapped_and_missing_keys():
+    hf = bert("eager")
+    target = swapformer.EncoderModel(swapformer.conversion.bert.config_from_hf(hf.config))
+    state = dict(hf.state_dict())
+    state["encoder.layer.0.attention.self.extra.weight"] = torch.zeros(1)
+    del state["embeddings.word_embeddings.weight"]
+    with pytest.raises(ConversionError) as err:
+        convert_state_dict(state, swapformer.conversion.bert.RULES, expected_keys=target.state_dict().keys(),
+                           drop=swapformer.conversion.bert.DROP)
+    assert "attention.self.extra.weight" in str(err.value) and "embed_tokens.weight" in str(err.value)
+
+
+def test_unsupported_family_lists_the_supported_ones():
+    from transformers import GPT2Config, GPT2Model
+
+    with pytest.raises(ValueError, match="model_type='gpt2'.*bart, bert, llama"):
+        from_hf_model(GPT2Model(GPT2Config(n_layer=1, n_embd=32, n_head=2)), swapformer.DecoderModel)

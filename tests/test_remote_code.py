@@ -1,0 +1,102 @@
+"""Saved folders load with trust_remote_code=True in a Python where swapformer cannot be imported."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+from conftest import build, padded_batch, tiny_config
+from safetensors.torch import save_file
+
+import swapformer
+from swapformer.modeling.remote_code import flat_files
+
+CASES = {
+    "encoder": (swapformer.EncoderForMaskedLM, "AutoModelForMaskedLM", dict(position_embedding_type="learned")),
+    "decoder": (swapformer.DecoderForCausalLM, "AutoModelForCausalLM", dict(position_embedding_type="rope", num_key_value_heads=2)),
+    "seq2seq": (swapformer.Seq2SeqForConditionalGeneration, "AutoModelForSeq2SeqLM", dict(position_embedding_type="relative_bias")),
+}
+
+# Runs in a fresh interpreter: swapformer is made unimportable before anything else happens.
+SCRIPT = textwrap.dedent(
+    """
+    import json, sys
+    sys.modules["swapformer"] = None
+    import torch, transformers
+    from safetensors.torch import load_file
+    folder, auto_name, arch = sys.argv[1:4]
+    data = load_file(folder + "/../io.safetensors")
+    model = getattr(transformers, auto_name).from_pretrained(folder, trust_remote_code=True).eval()
+    kw = dict(attention_mask=data["mask"])
+    if arch == "seq2seq":
+        kw.update(decoder_input_ids=data["ids"][:, :5])
+    report = {"class": type(model).__module__ + "." + type(model).__name__}
+    for attn in ("sdpa", "eager"):
+        model.set_attn_implementation(attn)
+        with torch.no_grad():
+            logits = model(data["ids"], **kw).logits
+        report[attn] = (logits - data["logits"]).abs().max().item()
+    report["attn_after_switch"] = model.config._attn_implementation
+    print("REPORT " + json.dumps(report))
+    """
+)
+
+
+@pytest.mark.parametrize("arch", list(CASES))
+def test_remote_code_loads_without_swapformer(arch, tmp_path, report):
+    model_class, auto_name, options = CASES[arch]
+    model = build(model_class, tiny_config(arch, **options), attn="sdpa")
+    ids, mask = padded_batch(padding="right")
+    kw = dict(attention_mask=mask)
+    if arch == "seq2seq":
+        kw.update(decoder_input_ids=ids[:, :5])
+    with torch.no_grad():
+        logits = model(ids, **kw).logits
+    folder = tmp_path / "model"
+    model.save_pretrained(folder)
+    save_file({"ids": ids, "mask": mask, "logits": logits.contiguous()}, tmp_path / "io.safetensors")
+
+    config = json.loads((folder / "config.json").read_text())
+    assert set(config["auto_map"]) == {"AutoConfig", *model_class.auto_classes}
+    for target in config["auto_map"].values():
+        assert (folder / (target.split(".")[0] + ".py")).exists()
+
+    env = dict(os.environ, HF_MODULES_CACHE=str(tmp_path / "modules"), HF_HUB_OFFLINE="1")
+    env.pop("PYTHONPATH", None)
+    run = subprocess.run(
+        [sys.executable, "-c", SCRIPT, str(folder), auto_name, arch],
+        capture_output=True, text=True, cwd=tmp_path, env=env, timeout=300,
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    result = json.loads(run.stdout.split("REPORT ", 1)[1])
+    assert result["class"].startswith("transformers_modules."), result["class"]
+    report(f"{arch} remote sdpa logits max abs diff", result["sdpa"])
+    report(f"{arch} remote eager logits max abs diff", result["eager"])
+    assert result["sdpa"] <= 1e-5 and result["eager"] <= 1e-5
+    assert result["attn_after_switch"] == "eager"
+
+
+def test_flat_files_only_use_single_dot_imports():
+    files = flat_files(swapformer.Seq2SeqForConditionalGeneration)
+    assert {"configuration_swapformer.py", "modeling_seq2seq.py", "layers.py", "masks.py"} <= set(files)
+    for name, text in files.items():
+        for line in text.splitlines():
+            stripped = line.strip()
+            assert not stripped.startswith("from .."), (name, line)
+            assert not stripped.startswith(("import swapformer", "from swapformer")), (name, line)
+            if stripped.startswith("from ."):
+                target = stripped.split()[1][1:] + ".py"
+                assert target in files, (name, line)
+    assert "ALL_ATTENTION_FUNCTIONS.get_interface(" in files["layers.py"]
+
+
+def test_saved_folder_is_safetensors_only(tmp_path):
+    build(swapformer.EncoderModel, tiny_config("encoder")).save_pretrained(tmp_path)
+    names = set(os.listdir(tmp_path))
+    assert "model.safetensors" in names
+    assert not {n for n in names if n.endswith((".bin", ".pt", ".pth", ".pkl"))}
