@@ -144,16 +144,19 @@ class SwapformerConfig(PreTrainedConfig):
     def __post_init__(self, **kwargs):
         backend = kwargs.get("attn_implementation")
         super().__post_init__(**kwargs)
+        # The sizes that derived defaults are computed from are checked first.
+        _check_int("hidden_size", self.hidden_size, 1)
+        _check_int("num_attention_heads", self.num_attention_heads, 1)
         if self.num_key_value_heads is None:
             self.num_key_value_heads = self.num_attention_heads
-        if self.head_dim is None and isinstance(self.num_attention_heads, int) and self.num_attention_heads > 0:
-            if isinstance(self.hidden_size, int) and self.hidden_size % self.num_attention_heads != 0:
+        if self.head_dim is None:
+            if self.hidden_size % self.num_attention_heads != 0:
                 raise ValueError(
                     f"hidden_size={self.hidden_size} is not divisible by num_attention_heads="
                     f"{self.num_attention_heads}; change one of them or set head_dim explicitly"
                 )
             self.head_dim = self.hidden_size // self.num_attention_heads
-        if self.intermediate_size is None and isinstance(self.hidden_size, int):
+        if self.intermediate_size is None:
             self.intermediate_size = 4 * self.hidden_size
         self._validate()
         if backend is not None:

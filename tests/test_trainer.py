@@ -1,0 +1,68 @@
+"""Trainer integration: gradient accumulation with num_items_in_batch equals one big batch."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import LM_CLASSES, build, max_diff, tiny_config
+from transformers import Trainer, TrainingArguments
+
+
+class Rows(torch.utils.data.Dataset):
+    """Four rows with 2, 3, 4 and 10 tokens: however the sampler pairs them into two micro-batches,
+    the pairs hold different numbers of labels, so averaging per-micro-batch means would be wrong."""
+
+    def __init__(self, arch, lengths=(2, 3, 4, 10), length=10):
+        g = torch.Generator().manual_seed(0)
+        self.items = []
+        for n in lengths:
+            ids = torch.randint(3, 90, (length,), generator=g)
+            mask = torch.zeros(length, dtype=torch.long)
+            mask[:n] = 1
+            labels = ids.masked_fill(mask == 0, -100)
+            item = dict(input_ids=ids.masked_fill(mask == 0, 0), attention_mask=mask, labels=labels)
+            if arch == "seq2seq":
+                item["labels"] = labels[:6]
+            self.items.append(item)
+
+    def __len__(self):
+        return len(self.items)
+
+    def __getitem__(self, i):
+        return self.items[i]
+
+
+def train_one_step(arch, tmp_path, batch, accumulation):
+    model = build(LM_CLASSES[arch], tiny_config(arch))
+    model.train()
+    args = TrainingArguments(
+        output_dir=str(tmp_path / f"{batch}x{accumulation}"),
+        per_device_train_batch_size=batch,
+        gradient_accumulation_steps=accumulation,
+        max_steps=1,
+        learning_rate=0.5,
+        optim="sgd",
+        lr_scheduler_type="constant",
+        weight_decay=0.0,
+        max_grad_norm=1e9,
+        use_cpu=True,
+        report_to="none",
+        save_strategy="no",
+        seed=0,
+        data_seed=0,
+    )
+    Trainer(model=model, args=args, train_dataset=Rows(arch)).train()
+    return {n: p.detach().clone() for n, p in model.named_parameters()}
+
+
+@pytest.mark.parametrize("arch", ["encoder", "decoder", "seq2seq"])
+def test_gradient_accumulation_matches_one_big_batch(arch, tmp_path, report):
+    big = train_one_step(arch, tmp_path, batch=4, accumulation=1)
+    accumulated = train_one_step(arch, tmp_path, batch=2, accumulation=2)
+    start = {n: p for n, p in build(LM_CLASSES[arch], tiny_config(arch)).named_parameters()}
+    moved = max(max_diff(big[n], start[n]) for n in big)
+    worst = max(max_diff(big[n], accumulated[n]) for n in big)
+    report(f"{arch}: parameter change of the step", moved)
+    report(f"{arch}: max abs diff, 4x1 vs 2x2 accumulation", worst)
+    assert moved > 1e-3  # the step did something
+    assert worst <= 1e-5
