@@ -189,7 +189,9 @@ class SwapformerConfig(PreTrainedConfig):
         _check_choice("hidden_act", self.hidden_act, ACTIVATIONS)
         _check_choice("initializer", self.initializer, INITIALIZERS)
         if self.position_embedding_type == "rope" and self.head_dim % 2:
-            raise ValueError(f"position_embedding_type='rope' needs an even head_dim, got head_dim={self.head_dim}")
+            raise ValueError(
+                f"position_embedding_type='rope' needs an even head_dim, got head_dim={self.head_dim}"
+            )
         if self.position_embedding_type == "relative_bias":
             # T5 buckets: half exact, half log-spaced up to max_distance (per direction when bidirectional)
             if self.relative_attention_num_buckets < 4:

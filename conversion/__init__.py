@@ -27,7 +27,9 @@ def from_hf_model(hf_model, target_class, family: str | None = None):
     # Tied copies in the source (e.g. lm_head.weight of a tied Llama) are not separate data.
     tied_in_source = set(getattr(hf_model, "all_tied_weights_keys", {}) or {})
     source = {k: v for k, v in hf_model.state_dict().items() if k not in tied_in_source}
-    state = convert_state_dict(source, module.RULES, expected_keys=expected_target_keys(model), drop=module.DROP)
+    state = convert_state_dict(
+        source, module.RULES, expected_keys=expected_target_keys(model), drop=module.DROP
+    )
     result = model.load_state_dict(state, strict=False)  # tied copies are absent on purpose
     if set(result.missing_keys) - set(model.all_tied_weights_keys) or result.unexpected_keys:
         raise ConversionError(f"load_state_dict disagreed with the key check: {result}")
@@ -35,4 +37,11 @@ def from_hf_model(hf_model, target_class, family: str | None = None):
     return model.to(hf_model.dtype).eval()
 
 
-__all__ = ["FAMILIES", "ConversionError", "Rule", "convert_state_dict", "expected_target_keys", "from_hf_model"]
+__all__ = [
+    "FAMILIES",
+    "ConversionError",
+    "Rule",
+    "convert_state_dict",
+    "expected_target_keys",
+    "from_hf_model",
+]

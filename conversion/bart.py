@@ -22,9 +22,11 @@ BASE_RULES = [
     Rule(_S + r"fc2\.(weight|bias)", r"\1.layers.\2.mlp.down_proj.\3"),
     Rule(_S + r"final_layer_norm\.(weight|bias)", r"\1.layers.\2.mlp_norm.\3"),
 ]
-RULES = [Rule("model\\." + r.pattern, "model." + r.replacement, r.transform) for r in BASE_RULES] + [
-    Rule(r"lm_head\.weight", "lm_head.weight")
-] + BASE_RULES
+RULES = (
+    [Rule("model\\." + r.pattern, "model." + r.replacement, r.transform) for r in BASE_RULES]
+    + [Rule(r"lm_head\.weight", "lm_head.weight")]
+    + BASE_RULES
+)
 # encoder/decoder.embed_tokens are views of `shared`; final_logits_bias is all zeros in BART.
 DROP = [r"(model\.)?(encoder|decoder)\.embed_tokens\.weight", r"final_logits_bias"]
 

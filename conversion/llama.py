@@ -16,16 +16,20 @@ BASE_RULES = [
     Rule(r"norm\.weight", "norm.weight"),
 ]
 # Keys of LlamaForCausalLM: the base model under `model.`, plus the LM head.
-RULES = [Rule("model\\." + r.pattern, "model." + r.replacement, r.transform) for r in BASE_RULES] + [
-    Rule(r"lm_head\.weight", "lm_head.weight")
-] + BASE_RULES
+RULES = (
+    [Rule("model\\." + r.pattern, "model." + r.replacement, r.transform) for r in BASE_RULES]
+    + [Rule(r"lm_head\.weight", "lm_head.weight")]
+    + BASE_RULES
+)
 DROP = [r"(model\.)?rotary_emb\.(inv_freq|original_inv_freq)"]
 
 
 def config_from_hf(hf) -> DecoderConfig:
     rope = hf.rope_parameters or {}
     if rope.get("rope_type", "default") != "default":
-        raise ValueError(f"Llama rope_type={rope['rope_type']!r} is not supported yet; only the default RoPE is")
+        raise ValueError(
+            f"Llama rope_type={rope['rope_type']!r} is not supported yet; only the default RoPE is"
+        )
     return DecoderConfig(
         vocab_size=hf.vocab_size,
         hidden_size=hf.hidden_size,

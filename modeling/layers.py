@@ -22,7 +22,6 @@ from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 from .attention import attention_probabilities, eager_attention_forward
-from .masks import lower_mask
 
 # Norms ---------------------------------------------------------------------------------------------
 
@@ -79,7 +78,9 @@ class MLP(nn.Module):
 
 def rope_cos_sin(positions: torch.Tensor, head_dim: int, theta: float, dtype: torch.dtype):
     """cos, sin of shape (B, T, D) for integer positions (B, T); the halves layout of Llama."""
-    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, device=positions.device, dtype=torch.float) / head_dim))
+    inv_freq = 1.0 / (
+        theta ** (torch.arange(0, head_dim, 2, device=positions.device, dtype=torch.float) / head_dim)
+    )
     angles = positions[..., None].float() * inv_freq  # (B, T, D/2)
     angles = torch.cat((angles, angles), dim=-1)
     return angles.cos().to(dtype), angles.sin().to(dtype)
@@ -101,7 +102,8 @@ def sinusoidal_embedding(positions: torch.Tensor, dim: int, dtype: torch.dtype) 
     """
     half = dim // 2
     freq = torch.exp(
-        torch.arange(half, device=positions.device, dtype=torch.float) * -(math.log(10000.0) / max(half - 1, 1))
+        torch.arange(half, device=positions.device, dtype=torch.float)
+        * -(math.log(10000.0) / max(half - 1, 1))
     )
     angles = positions[..., None].float() * freq
     emb = torch.cat((angles.sin(), angles.cos()), dim=-1)
@@ -134,7 +136,9 @@ def alibi_bias(query_pos: torch.Tensor, key_pos: torch.Tensor, num_heads: int, c
     return -slopes[None, :, None, None] * distance[:, None]
 
 
-def relative_position_bucket(relative: torch.Tensor, *, bidirectional: bool, num_buckets: int, max_distance: int):
+def relative_position_bucket(
+    relative: torch.Tensor, *, bidirectional: bool, num_buckets: int, max_distance: int
+):
     """T5's bucketing of key - query offsets (https://arxiv.org/abs/1910.10683, section 2.1).
 
     Offsets below `num_buckets // 2` (per direction) get a bucket each; larger ones share
@@ -196,11 +200,15 @@ class Attention(nn.Module):
         output_attentions: bool = False,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         b, t, _ = hidden_states.shape
-        q = self.q_proj(hidden_states).view(b, t, self.num_heads, self.head_dim).transpose(1, 2)  # (B, H, T, D)
+        q = (
+            self.q_proj(hidden_states).view(b, t, self.num_heads, self.head_dim).transpose(1, 2)
+        )  # (B, H, T, D)
 
         layer_cache = cache
         if isinstance(cache, EncoderDecoderCache):
-            layer_cache = cache.cross_attention_cache if self.is_cross_attention else cache.self_attention_cache
+            layer_cache = (
+                cache.cross_attention_cache if self.is_cross_attention else cache.self_attention_cache
+            )
         if self.is_cross_attention:
             # Encoder keys/values are computed once and reused at every decoding step.
             if cache is not None and cache.is_updated.get(self.layer_idx):
@@ -247,7 +255,11 @@ class Block(GradientCheckpointingLayer):
         self.pre_norm = config.pre_norm
         self.self_attn = Attention(config, layer_idx, is_causal=is_causal)
         self.self_attn_norm = make_norm(config)
-        self.cross_attn = Attention(config, layer_idx, is_causal=False, is_cross_attention=True) if cross_attention else None
+        self.cross_attn = (
+            Attention(config, layer_idx, is_causal=False, is_cross_attention=True)
+            if cross_attention
+            else None
+        )
         self.cross_attn_norm = make_norm(config) if cross_attention else None
         self.mlp = MLP(config)
         self.mlp_norm = make_norm(config)
@@ -274,7 +286,9 @@ class Block(GradientCheckpointingLayer):
         h, self_weights = self._residual(
             hidden_states,
             self.self_attn_norm,
-            lambda x: self.self_attn(x, attention_mask, rope=rope, cache=cache, output_attentions=output_attentions),
+            lambda x: self.self_attn(
+                x, attention_mask, rope=rope, cache=cache, output_attentions=output_attentions
+            ),
         )
         cross_weights = None
         if self.cross_attn is not None:
@@ -291,5 +305,3 @@ class Block(GradientCheckpointingLayer):
             )
         h, _ = self._residual(h, self.mlp_norm, lambda x: (self.mlp(x), None))
         return h, self_weights, cross_weights
-
-

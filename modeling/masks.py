@@ -60,7 +60,9 @@ def or_masks(*preds: Predicate) -> Predicate:
     return pred
 
 
-def materialize(pred: Predicate, batch: int, query_offset: int, query_length: int, key_length: int, device) -> torch.Tensor:
+def materialize(
+    pred: Predicate, batch: int, query_offset: int, query_length: int, key_length: int, device
+) -> torch.Tensor:
     """Evaluate `pred` densely: (B, 1, T, S) bool."""
     b = torch.arange(batch, device=device)[:, None, None, None]
     h = torch.zeros(1, dtype=torch.long, device=device)[None, :, None, None]

@@ -31,7 +31,9 @@ class SwapformerPreTrainedModel(PreTrainedModel):
 
     # Backend choice -----------------------------------------------------------------------------
 
-    def get_correct_attn_implementation(self, requested_attention: str | None, is_init_check: bool = False) -> str:
+    def get_correct_attn_implementation(
+        self, requested_attention: str | None, is_init_check: bool = False
+    ) -> str:
         """Called by transformers whenever a backend is chosen (`from_config`, `from_pretrained`,
         `set_attn_implementation`): this is where impossible combinations fail, never in forward."""
         name = "sdpa" if requested_attention is None else requested_attention
@@ -61,19 +63,34 @@ class SwapformerPreTrainedModel(PreTrainedModel):
 
     # Saving -------------------------------------------------------------------------------------
 
-    def save_pretrained(self, save_directory, *args, is_main_process: bool = True, push_to_hub: bool = False, **kwargs):
+    def save_pretrained(
+        self, save_directory, *args, is_main_process: bool = True, push_to_hub: bool = False, **kwargs
+    ):
         """`PreTrainedModel.save_pretrained`, plus the modeling code as flat sibling files and an
         `auto_map` naming every Auto class of this architecture, so the folder loads with
         `trust_remote_code=True` where swapformer is not installed."""
         if push_to_hub:
             # transformers uploads before returning; save here first, then push a full folder.
-            hub_keys = ("repo_id", "commit_message", "commit_description", "private", "token", "create_pr", "revision")
+            hub_keys = (
+                "repo_id",
+                "commit_message",
+                "commit_description",
+                "private",
+                "token",
+                "create_pr",
+                "revision",
+            )
             hub_kwargs = {k: kwargs.pop(k) for k in hub_keys if k in kwargs}
             repo_id = hub_kwargs.pop("repo_id", os.path.basename(os.path.normpath(str(save_directory))))
             self.save_pretrained(save_directory, *args, is_main_process=is_main_process, **kwargs)
             return self.push_to_hub(repo_id, **hub_kwargs)
-        self.config.auto_map = {name: f"{cls.__module__.rsplit('.', 1)[-1]}.{cls.__name__}" for name, cls in self.auto_classes.items()}
-        self.config.auto_map["AutoConfig"] = f"{type(self.config).__module__.rsplit('.', 1)[-1]}.{type(self.config).__name__}"
+        self.config.auto_map = {
+            name: f"{cls.__module__.rsplit('.', 1)[-1]}.{cls.__name__}"
+            for name, cls in self.auto_classes.items()
+        }
+        self.config.auto_map["AutoConfig"] = (
+            f"{type(self.config).__module__.rsplit('.', 1)[-1]}.{type(self.config).__name__}"
+        )
         result = super().save_pretrained(save_directory, *args, is_main_process=is_main_process, **kwargs)
         if is_main_process:
             write_remote_code(type(self), save_directory)
@@ -90,7 +107,9 @@ def resolve_cache_argument(cache, past_key_values):
     if past_key_values is None:
         return cache
     if cache is not None and cache is not past_key_values:
-        raise ValueError("Pass the KV cache once, as cache= (past_key_values= is its deprecated name), not both")
+        raise ValueError(
+            "Pass the KV cache once, as cache= (past_key_values= is its deprecated name), not both"
+        )
     return past_key_values
 
 

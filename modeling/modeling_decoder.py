@@ -68,9 +68,13 @@ class DecoderModel(StackMixin, DecoderPreTrainedModel):
             position_ids=position_ids,
             cache=cache,
             output_attentions=cfg.output_attentions if output_attentions is None else output_attentions,
-            output_hidden_states=cfg.output_hidden_states if output_hidden_states is None else output_hidden_states,
+            output_hidden_states=cfg.output_hidden_states
+            if output_hidden_states is None
+            else output_hidden_states,
         )
-        out = BaseModelOutputWithPast(last_hidden_state=h, cache=cache, hidden_states=hidden, attentions=attns)
+        out = BaseModelOutputWithPast(
+            last_hidden_state=h, cache=cache, hidden_states=hidden, attentions=attns
+        )
         return finish_output(cfg, out, return_dict)
 
 
@@ -128,7 +132,11 @@ class DecoderForCausalLM(DecoderPreTrainedModel, GenerationMixin):
         if labels is not None:
             loss = token_cross_entropy(logits, labels, shift=True, num_items_in_batch=num_items_in_batch)
         result = CausalLMOutputWithPast(
-            loss=loss, logits=logits, cache=out.cache, hidden_states=out.hidden_states, attentions=out.attentions
+            loss=loss,
+            logits=logits,
+            cache=out.cache,
+            hidden_states=out.hidden_states,
+            attentions=out.attentions,
         )
         return finish_output(self.config, result, return_dict)
 
@@ -186,7 +194,11 @@ class DecoderForSequenceClassification(DecoderPreTrainedModel):
         pooled = logits[torch.arange(b, device=logits.device), last]
         loss = sequence_classification_loss(self.config, pooled, labels) if labels is not None else None
         result = SequenceClassifierOutputWithPast(
-            loss=loss, logits=pooled, cache=out.cache, hidden_states=out.hidden_states, attentions=out.attentions
+            loss=loss,
+            logits=pooled,
+            cache=out.cache,
+            hidden_states=out.hidden_states,
+            attentions=out.attentions,
         )
         return finish_output(self.config, result, return_dict)
 

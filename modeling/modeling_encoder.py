@@ -15,7 +15,12 @@ from transformers.modeling_outputs import (
 
 from ..configuration.configuration_swapformer import EncoderConfig
 from .layers import make_norm
-from .modeling_base import SwapformerPreTrainedModel, finish_output, sequence_classification_loss, token_cross_entropy
+from .modeling_base import (
+    SwapformerPreTrainedModel,
+    finish_output,
+    sequence_classification_loss,
+    token_cross_entropy,
+)
 from .stack import StackMixin
 
 
@@ -28,7 +33,9 @@ class EncoderModel(StackMixin, EncoderPreTrainedModel):
 
     def __init__(self, config: EncoderConfig):
         super().__init__(config)
-        self.init_stack(config, num_layers=config.num_hidden_layers, causal=False, cross_attention=False, token_types=True)
+        self.init_stack(
+            config, num_layers=config.num_hidden_layers, causal=False, cross_attention=False, token_types=True
+        )
         self.post_init()
 
     def forward(
@@ -50,9 +57,13 @@ class EncoderModel(StackMixin, EncoderPreTrainedModel):
             position_ids=position_ids,
             token_type_ids=token_type_ids,
             output_attentions=cfg.output_attentions if output_attentions is None else output_attentions,
-            output_hidden_states=cfg.output_hidden_states if output_hidden_states is None else output_hidden_states,
+            output_hidden_states=cfg.output_hidden_states
+            if output_hidden_states is None
+            else output_hidden_states,
         )
-        return finish_output(cfg, BaseModelOutput(last_hidden_state=h, hidden_states=hidden, attentions=attns), return_dict)
+        return finish_output(
+            cfg, BaseModelOutput(last_hidden_state=h, hidden_states=hidden, attentions=attns), return_dict
+        )
 
 
 class MaskedLMHead(nn.Module):
@@ -100,14 +111,22 @@ class EncoderForMaskedLM(EncoderPreTrainedModel):
     ) -> MaskedLMOutput | tuple:
         """labels: (B, T) token ids at masked positions, -100 elsewhere."""
         out = self.model(
-            input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds,
-            output_attentions, output_hidden_states, return_dict=True,
+            input_ids,
+            attention_mask,
+            token_type_ids,
+            position_ids,
+            inputs_embeds,
+            output_attentions,
+            output_hidden_states,
+            return_dict=True,
         )
         logits = self.lm_head(out.last_hidden_state)
         loss = None
         if labels is not None:
             loss = token_cross_entropy(logits, labels, shift=False, num_items_in_batch=num_items_in_batch)
-        result = MaskedLMOutput(loss=loss, logits=logits, hidden_states=out.hidden_states, attentions=out.attentions)
+        result = MaskedLMOutput(
+            loss=loss, logits=logits, hidden_states=out.hidden_states, attentions=out.attentions
+        )
         return finish_output(self.config, result, return_dict)
 
 
@@ -116,7 +135,9 @@ class ClassificationHead(nn.Module):
 
     def __init__(self, config: EncoderConfig):
         super().__init__()
-        dropout = config.classifier_dropout if config.classifier_dropout is not None else config.hidden_dropout
+        dropout = (
+            config.classifier_dropout if config.classifier_dropout is not None else config.hidden_dropout
+        )
         self.dense = nn.Linear(config.hidden_size, config.hidden_size)
         self.dropout = nn.Dropout(dropout)
         self.out_proj = nn.Linear(config.hidden_size, config.num_labels)
@@ -146,8 +167,14 @@ class EncoderForSequenceClassification(EncoderPreTrainedModel):
     ) -> SequenceClassifierOutput | tuple:
         """labels: (B,) class ids, (B,) floats for regression, or (B, num_labels) multi-label targets."""
         out = self.model(
-            input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds,
-            output_attentions, output_hidden_states, return_dict=True,
+            input_ids,
+            attention_mask,
+            token_type_ids,
+            position_ids,
+            inputs_embeds,
+            output_attentions,
+            output_hidden_states,
+            return_dict=True,
         )
         logits = self.classifier(out.last_hidden_state)
         loss = sequence_classification_loss(self.config, logits, labels) if labels is not None else None
@@ -162,7 +189,9 @@ class EncoderForTokenClassification(EncoderPreTrainedModel):
 
     def __init__(self, config: EncoderConfig):
         super().__init__(config)
-        dropout = config.classifier_dropout if config.classifier_dropout is not None else config.hidden_dropout
+        dropout = (
+            config.classifier_dropout if config.classifier_dropout is not None else config.hidden_dropout
+        )
         self.model = EncoderModel(config)
         self.dropout = nn.Dropout(dropout)
         self.classifier = nn.Linear(config.hidden_size, config.num_labels)
@@ -183,14 +212,22 @@ class EncoderForTokenClassification(EncoderPreTrainedModel):
     ) -> TokenClassifierOutput | tuple:
         """labels: (B, T) class ids, -100 where no loss is taken."""
         out = self.model(
-            input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds,
-            output_attentions, output_hidden_states, return_dict=True,
+            input_ids,
+            attention_mask,
+            token_type_ids,
+            position_ids,
+            inputs_embeds,
+            output_attentions,
+            output_hidden_states,
+            return_dict=True,
         )
         logits = self.classifier(self.dropout(out.last_hidden_state))
         loss = None
         if labels is not None:
             loss = token_cross_entropy(logits, labels, shift=False, num_items_in_batch=num_items_in_batch)
-        result = TokenClassifierOutput(loss=loss, logits=logits, hidden_states=out.hidden_states, attentions=out.attentions)
+        result = TokenClassifierOutput(
+            loss=loss, logits=logits, hidden_states=out.hidden_states, attentions=out.attentions
+        )
         return finish_output(self.config, result, return_dict)
 
 
@@ -217,8 +254,14 @@ class EncoderForQuestionAnswering(EncoderPreTrainedModel):
         """start_positions, end_positions: (B,) token indices of the answer span; positions outside
         the sequence are ignored by the loss."""
         out = self.model(
-            input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds,
-            output_attentions, output_hidden_states, return_dict=True,
+            input_ids,
+            attention_mask,
+            token_type_ids,
+            position_ids,
+            inputs_embeds,
+            output_attentions,
+            output_hidden_states,
+            return_dict=True,
         )
         start_logits, end_logits = self.qa_outputs(out.last_hidden_state).unbind(-1)  # (B, T) each
         loss = None

@@ -7,14 +7,26 @@ import torch
 from torch import nn
 from transformers.cache_utils import Cache, DynamicCache, EncoderDecoderCache
 from transformers.generation import GenerationMixin
-from transformers.modeling_outputs import BaseModelOutput, BaseModelOutputWithPastAndCrossAttentions, Seq2SeqLMOutput, Seq2SeqModelOutput
+from transformers.modeling_outputs import (
+    BaseModelOutput,
+    BaseModelOutputWithPastAndCrossAttentions,
+    Seq2SeqLMOutput,
+    Seq2SeqModelOutput,
+)
 
 from ..configuration.configuration_swapformer import Seq2SeqConfig
-from .modeling_base import SwapformerPreTrainedModel, finish_output, resolve_cache_argument, token_cross_entropy
+from .modeling_base import (
+    SwapformerPreTrainedModel,
+    finish_output,
+    resolve_cache_argument,
+    token_cross_entropy,
+)
 from .stack import StackMixin
 
 
-def shift_tokens_right(labels: torch.Tensor, pad_token_id: int | None, decoder_start_token_id: int | None) -> torch.Tensor:
+def shift_tokens_right(
+    labels: torch.Tensor, pad_token_id: int | None, decoder_start_token_id: int | None
+) -> torch.Tensor:
     """Decoder inputs from labels: [start, y0, ..., y_{n-2}], with -100 replaced by the pad id."""
     if decoder_start_token_id is None or pad_token_id is None:
         raise ValueError(
@@ -68,12 +80,18 @@ class Seq2SeqStack(StackMixin, nn.Module):
             encoder_hidden_states=encoder_hidden_states,
             encoder_attention_mask=encoder_attention_mask,
             output_attentions=cfg.output_attentions if output_attentions is None else output_attentions,
-            output_hidden_states=cfg.output_hidden_states if output_hidden_states is None else output_hidden_states,
+            output_hidden_states=cfg.output_hidden_states
+            if output_hidden_states is None
+            else output_hidden_states,
             input_prefix="decoder_" if self.is_decoder else "",
         )
         if self.is_decoder:
             out = BaseModelOutputWithPastAndCrossAttentions(
-                last_hidden_state=h, cache=cache, hidden_states=hidden, attentions=attns, cross_attentions=cross
+                last_hidden_state=h,
+                cache=cache,
+                hidden_states=hidden,
+                attentions=attns,
+                cross_attentions=cross,
             )
         else:
             out = BaseModelOutput(last_hidden_state=h, hidden_states=hidden, attentions=attns)
@@ -98,8 +116,13 @@ class Seq2SeqModel(Seq2SeqPreTrainedModel):
         super().__init__(config)
         if config.shared_embeddings:
             # Declared so that saving drops the two aliases of `shared` and loading restores them.
-            self._tied_weights_keys = {"encoder.embed_tokens.weight": "shared.weight", "decoder.embed_tokens.weight": "shared.weight"}
-        self.shared = nn.Embedding(config.vocab_size, config.hidden_size) if config.shared_embeddings else None
+            self._tied_weights_keys = {
+                "encoder.embed_tokens.weight": "shared.weight",
+                "decoder.embed_tokens.weight": "shared.weight",
+            }
+        self.shared = (
+            nn.Embedding(config.vocab_size, config.hidden_size) if config.shared_embeddings else None
+        )
         self.encoder = Seq2SeqStack(config, decoder=False, embed_tokens=self.shared)
         self.decoder = Seq2SeqStack(config, decoder=True, embed_tokens=self.shared)
         self.gradient_checkpointing = False  # set by activation_checkpointing_enable
@@ -162,7 +185,9 @@ class Seq2SeqModel(Seq2SeqPreTrainedModel):
         elif not isinstance(encoder_outputs, BaseModelOutput):
             encoder_outputs = BaseModelOutput(*encoder_outputs)
         if decoder_input_ids is None and decoder_inputs_embeds is None:
-            raise ValueError("Pass decoder_input_ids or decoder_inputs_embeds (or labels to the LM, which makes them)")
+            raise ValueError(
+                "Pass decoder_input_ids or decoder_inputs_embeds (or labels to the LM, which makes them)"
+            )
         use_cache = cfg.use_cache if use_cache is None else use_cache
         if use_cache and cache is None and not (self.training and self.gradient_checkpointing):
             cache = EncoderDecoderCache(DynamicCache(config=cfg), DynamicCache(config=cfg))

@@ -46,7 +46,9 @@ def _package_of(module_name: str) -> str:
 
 
 def _relative_imports(source: str, path: str) -> list[ast.ImportFrom]:
-    nodes = [n for n in ast.walk(ast.parse(source, filename=path)) if isinstance(n, ast.ImportFrom) and n.level]
+    nodes = [
+        n for n in ast.walk(ast.parse(source, filename=path)) if isinstance(n, ast.ImportFrom) and n.level
+    ]
     for node in nodes:
         if node.module is None:
             raise ValueError(
@@ -90,7 +92,9 @@ def flat_files(model_class: type) -> dict[str, str]:
         for module_name, (path, source) in collect_sources(root).items():
             filename = module_name.rpartition(".")[2] + ".py"
             if filename in origins and origins[filename] != path:
-                raise ValueError(f"Two modules flatten to {filename}: {origins[filename]} and {path}; rename one")
+                raise ValueError(
+                    f"Two modules flatten to {filename}: {origins[filename]} and {path}; rename one"
+                )
             origins[filename] = path
             text = flatten_source(source, path)
             if _ABSOLUTE_SELF_IMPORT.search(text):

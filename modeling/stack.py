@@ -41,7 +41,9 @@ class StackMixin:
         token_types: bool = False,
     ) -> None:
         self.causal = causal
-        self.embed_tokens = embed_tokens if embed_tokens is not None else nn.Embedding(config.vocab_size, config.hidden_size)
+        self.embed_tokens = (
+            embed_tokens if embed_tokens is not None else nn.Embedding(config.vocab_size, config.hidden_size)
+        )
         self.embed_scale = config.hidden_size**0.5 if config.scale_embeddings else 1.0
         self.token_type_embeddings = (
             nn.Embedding(config.type_vocab_size, config.hidden_size)
@@ -195,7 +197,13 @@ class StackMixin:
                 all_hidden.append(h)
             # tensors positionally, so activation checkpointing tracks their gradients
             h, self_w, cross_w = block(
-                h, mask, rope, encoder_hidden_states, cross_mask, cache=cache, output_attentions=output_attentions
+                h,
+                mask,
+                rope,
+                encoder_hidden_states,
+                cross_mask,
+                cache=cache,
+                output_attentions=output_attentions,
             )
             if self_attns is not None:
                 self_attns.append(self_w)
@@ -207,7 +215,6 @@ class StackMixin:
             all_hidden.append(h)
         as_tuple = lambda xs: tuple(xs) if xs is not None else None  # noqa: E731
         return h, as_tuple(all_hidden), as_tuple(self_attns), as_tuple(cross_attns)
-
 
 
 def validate_inputs(
@@ -223,7 +230,9 @@ def validate_inputs(
     """Check the inputs of one stack. `prefix` is "decoder_" for the decoder half of a seq2seq."""
     ids, embeds, mask = f"{prefix}input_ids", f"{prefix}inputs_embeds", f"{prefix}attention_mask"
     if (input_ids is None) == (inputs_embeds is None):
-        raise ValueError(f"Pass exactly one of {ids} and {embeds} (got {'both' if input_ids is not None else 'neither'})")
+        raise ValueError(
+            f"Pass exactly one of {ids} and {embeds} (got {'both' if input_ids is not None else 'neither'})"
+        )
     if input_ids is not None:
         if input_ids.dim() != 2:
             raise ValueError(f"{ids} must have shape (batch, sequence), got shape {tuple(input_ids.shape)}")
@@ -253,7 +262,9 @@ def validate_inputs(
                 f"length={total}){cached}: one entry per token, 1 for tokens and 0 for padding"
             )
     if position_ids is not None and position_ids.shape[-1] != length:
-        raise ValueError(f"position_ids has shape {tuple(position_ids.shape)}; its last dimension must be {length}")
+        raise ValueError(
+            f"position_ids has shape {tuple(position_ids.shape)}; its last dimension must be {length}"
+        )
     if config.position_embedding_type == "learned":
         longest = total if position_ids is None else int(position_ids.max()) + 1
         if longest > config.max_position_embeddings:
@@ -261,5 +272,3 @@ def validate_inputs(
                 f"Sequence of {longest} positions exceeds max_position_embeddings={config.max_position_embeddings} "
                 f"of the learned position table; truncate the inputs or use rope/alibi/relative_bias positions"
             )
-
-

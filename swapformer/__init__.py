@@ -5,7 +5,14 @@ Importing the package registers its configs and models with transformers' Auto c
 """
 
 from . import auto as _auto
-from .configuration import BACKENDS, DecoderConfig, EncoderConfig, Seq2SeqConfig, SwapformerConfig, capability_table_markdown
+from .configuration import (
+    BACKENDS,
+    DecoderConfig,
+    EncoderConfig,
+    Seq2SeqConfig,
+    SwapformerConfig,
+    capability_table_markdown,
+)
 from .modeling import (
     DecoderForCausalLM,
     DecoderForSequenceClassification,

@@ -38,7 +38,11 @@ def tiny_config(arch: str, **overrides):
     return swapformer.Seq2SeqConfig(**base)
 
 
-BASE_CLASSES = {"encoder": swapformer.EncoderModel, "decoder": swapformer.DecoderModel, "seq2seq": swapformer.Seq2SeqModel}
+BASE_CLASSES = {
+    "encoder": swapformer.EncoderModel,
+    "decoder": swapformer.DecoderModel,
+    "seq2seq": swapformer.Seq2SeqModel,
+}
 LM_CLASSES = {
     "encoder": swapformer.EncoderForMaskedLM,
     "decoder": swapformer.DecoderForCausalLM,

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import ARCHS, BASE_CLASSES, LM_CLASSES, POSITIONS, build, max_diff, padded_batch, tiny_config
 from transformers import AutoModelForCausalLM
 
 import swapformer
+
+from conftest import ARCHS, BASE_CLASSES, LM_CLASSES, POSITIONS, build, max_diff, padded_batch, tiny_config
 
 TOL = 1e-5
 
@@ -15,7 +16,9 @@ TOL = 1e-5
 def run(model, arch, ids, mask, **kw):
     if arch == "seq2seq":
         dec_ids, dec_mask = ids[:, :6], mask[:, :6]
-        return model(ids, attention_mask=mask, decoder_input_ids=dec_ids, decoder_attention_mask=dec_mask, **kw), dec_mask
+        return model(
+            ids, attention_mask=mask, decoder_input_ids=dec_ids, decoder_attention_mask=dec_mask, **kw
+        ), dec_mask
     return model(ids, attention_mask=mask, **kw), mask
 
 
@@ -38,11 +41,15 @@ def test_sdpa_matches_eager(arch, position, padding, kv_heads):
 
 
 @pytest.mark.parametrize("arch", ARCHS)
-@pytest.mark.parametrize("options", [
-    dict(norm_type="rmsnorm", mlp_type="gated", hidden_act="silu", pre_norm=True),
-    dict(norm_type="layernorm", pre_norm=False, embedding_norm=True, scale_embeddings=True),
-    dict(attention_bias=False, mlp_bias=False, attention_scale=1.0 / 16, head_dim=16, hidden_act="relu"),
-], ids=["llama-like", "bert-like", "t5-like"])
+@pytest.mark.parametrize(
+    "options",
+    [
+        dict(norm_type="rmsnorm", mlp_type="gated", hidden_act="silu", pre_norm=True),
+        dict(norm_type="layernorm", pre_norm=False, embedding_norm=True, scale_embeddings=True),
+        dict(attention_bias=False, mlp_bias=False, attention_scale=1.0 / 16, head_dim=16, hidden_act="relu"),
+    ],
+    ids=["llama-like", "bert-like", "t5-like"],
+)
 def test_sdpa_matches_eager_options_with_gradients(arch, options, report):
     config = tiny_config(arch, position_embedding_type="rope", num_key_value_heads=2, **options)
     ids, mask = padded_batch(padding="right")
@@ -75,7 +82,11 @@ def test_output_attentions_under_sdpa_equal_eager(arch, position):
         fast, _ = run(model, arch, ids, mask, output_attentions=True)
         model.set_attn_implementation("eager")
         ref, _ = run(model, arch, ids, mask, output_attentions=True)
-    names = ["attentions"] if arch != "seq2seq" else ["encoder_attentions", "decoder_attentions", "cross_attentions"]
+    names = (
+        ["attentions"]
+        if arch != "seq2seq"
+        else ["encoder_attentions", "decoder_attentions", "cross_attentions"]
+    )
     for name in names:
         got, want = getattr(fast, name), getattr(ref, name)
         assert len(got) == config.num_hidden_layers and all(w is not None for w in got)
@@ -105,7 +116,10 @@ def test_set_attn_implementation_switches_the_kernel_that_runs():
     ids, mask = padded_batch(padding="left")
 
     def ops_and_logits():
-        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof, torch.no_grad():
+        with (
+            torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof,
+            torch.no_grad(),
+        ):
             logits = model(ids, attention_mask=mask).logits
         return {e.key for e in prof.key_averages()}, logits
 

@@ -6,9 +6,10 @@ import ast
 import pathlib
 
 import pytest
-from conftest import tiny_config
 
 import swapformer
+
+from conftest import tiny_config
 
 CONFIGS = [swapformer.EncoderConfig, swapformer.DecoderConfig, swapformer.Seq2SeqConfig]
 
@@ -16,9 +17,21 @@ CONFIGS = [swapformer.EncoderConfig, swapformer.DecoderConfig, swapformer.Seq2Se
 @pytest.mark.parametrize(
     "kwargs, error, message",
     [
-        (dict(hidden_size=100, num_attention_heads=3), ValueError, r"hidden_size=100 is not divisible by num_attention_heads=3"),
-        (dict(num_attention_heads=12, num_key_value_heads=5), ValueError, r"num_attention_heads=12 is not divisible by num_key_value_heads=5"),
-        (dict(position_embedding_type="xpos"), ValueError, r"Unknown position_embedding_type='xpos'; choose one of 'learned'"),
+        (
+            dict(hidden_size=100, num_attention_heads=3),
+            ValueError,
+            r"hidden_size=100 is not divisible by num_attention_heads=3",
+        ),
+        (
+            dict(num_attention_heads=12, num_key_value_heads=5),
+            ValueError,
+            r"num_attention_heads=12 is not divisible by num_key_value_heads=5",
+        ),
+        (
+            dict(position_embedding_type="xpos"),
+            ValueError,
+            r"Unknown position_embedding_type='xpos'; choose one of 'learned'",
+        ),
         (dict(norm_type="batchnorm"), ValueError, r"Unknown norm_type='batchnorm'"),
         (dict(hidden_act="gelu9"), ValueError, r"Unknown hidden_act='gelu9'"),
         (dict(mlp_type="moe"), ValueError, r"Unknown mlp_type='moe'"),
@@ -30,11 +43,31 @@ CONFIGS = [swapformer.EncoderConfig, swapformer.DecoderConfig, swapformer.Seq2Se
         (dict(intermediate_size=0), ValueError, r"intermediate_size must be >= 1"),
         (dict(max_position_embeddings=0), ValueError, r"max_position_embeddings must be >= 1"),
         (dict(hidden_size="64"), TypeError, r"hidden_size must be an int, got '64'"),
-        (dict(hidden_dropout=1.5), ValueError, r"hidden_dropout must lie in \[0.0, 1.0\), got hidden_dropout=1.5"),
+        (
+            dict(hidden_dropout=1.5),
+            ValueError,
+            r"hidden_dropout must lie in \[0.0, 1.0\), got hidden_dropout=1.5",
+        ),
         (dict(attention_dropout=-0.1), ValueError, r"attention_dropout must lie in"),
-        (dict(pad_token_id=5000, vocab_size=100), ValueError, r"pad_token_id=5000 must be None or a token id in \[0, vocab_size=100\)"),
-        (dict(position_embedding_type="rope", hidden_size=24, num_attention_heads=8), ValueError, r"even head_dim, got head_dim=3"),
-        (dict(position_embedding_type="relative_bias", relative_attention_num_buckets=32, relative_attention_max_distance=10), ValueError, r"relative_attention_max_distance=10 must exceed"),
+        (
+            dict(pad_token_id=5000, vocab_size=100),
+            ValueError,
+            r"pad_token_id=5000 must be None or a token id in \[0, vocab_size=100\)",
+        ),
+        (
+            dict(position_embedding_type="rope", hidden_size=24, num_attention_heads=8),
+            ValueError,
+            r"even head_dim, got head_dim=3",
+        ),
+        (
+            dict(
+                position_embedding_type="relative_bias",
+                relative_attention_num_buckets=32,
+                relative_attention_max_distance=10,
+            ),
+            ValueError,
+            r"relative_attention_max_distance=10 must exceed",
+        ),
         (dict(pre_norm="yes"), TypeError, r"pre_norm must be True or False"),
     ],
 )
@@ -65,8 +98,15 @@ def test_derived_defaults():
 @pytest.mark.parametrize("arch", ["encoder", "decoder", "seq2seq"])
 def test_round_trip_dict_and_disk(arch, tmp_path):
     config = tiny_config(
-        arch, position_embedding_type="alibi", norm_type="rmsnorm", mlp_type="gated", hidden_act="silu",
-        num_key_value_heads=2, attention_scale=0.5, classifier_dropout=0.2, id2label={0: "neg", 1: "pos", 2: "mid"},
+        arch,
+        position_embedding_type="alibi",
+        norm_type="rmsnorm",
+        mlp_type="gated",
+        hidden_act="silu",
+        num_key_value_heads=2,
+        attention_scale=0.5,
+        classifier_dropout=0.2,
+        id2label={0: "neg", 1: "pos", 2: "mid"},
     )
     again = type(config).from_dict(config.to_dict())
     assert again.to_dict() == config.to_dict()

@@ -5,31 +5,71 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import max_diff, padded_batch, scramble_
-from transformers import BartConfig, BartForConditionalGeneration, BartModel, BertConfig, BertModel, LlamaConfig, LlamaForCausalLM, LlamaModel
+from transformers import (
+    BartConfig,
+    BartForConditionalGeneration,
+    BartModel,
+    BertConfig,
+    BertModel,
+    LlamaConfig,
+    LlamaForCausalLM,
+    LlamaModel,
+)
 
 import swapformer
 from swapformer.conversion import ConversionError, convert_state_dict, from_hf_model
+
+from conftest import max_diff, padded_batch, scramble_
 
 TOL = 1e-5
 BACKENDS = ["eager", "sdpa"]
 
 
 def bert(attn):
-    return BertModel(BertConfig(vocab_size=97, hidden_size=48, num_hidden_layers=2, num_attention_heads=4,
-                                intermediate_size=96, max_position_embeddings=64, attn_implementation=attn))
+    return BertModel(
+        BertConfig(
+            vocab_size=97,
+            hidden_size=48,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            intermediate_size=96,
+            max_position_embeddings=64,
+            attn_implementation=attn,
+        )
+    )
 
 
 def llama(attn, cls=LlamaModel, **kw):
-    return cls(LlamaConfig(vocab_size=97, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
-                           num_attention_heads=8, num_key_value_heads=2, max_position_embeddings=64,
-                           attn_implementation=attn, **kw))
+    return cls(
+        LlamaConfig(
+            vocab_size=97,
+            hidden_size=64,
+            intermediate_size=96,
+            num_hidden_layers=2,
+            num_attention_heads=8,
+            num_key_value_heads=2,
+            max_position_embeddings=64,
+            attn_implementation=attn,
+            **kw,
+        )
+    )
 
 
 def bart(attn, cls=BartModel):
-    return cls(BartConfig(vocab_size=97, d_model=48, encoder_layers=2, decoder_layers=3, encoder_attention_heads=4,
-                          decoder_attention_heads=4, encoder_ffn_dim=96, decoder_ffn_dim=96,
-                          max_position_embeddings=64, attn_implementation=attn))
+    return cls(
+        BartConfig(
+            vocab_size=97,
+            d_model=48,
+            encoder_layers=2,
+            decoder_layers=3,
+            encoder_attention_heads=4,
+            decoder_attention_heads=4,
+            encoder_ffn_dim=96,
+            decoder_ffn_dim=96,
+            max_position_embeddings=64,
+            attn_implementation=attn,
+        )
+    )
 
 
 def pair(hf_model, target_class, attn):
@@ -72,11 +112,15 @@ def test_llama_matches_llamaforcausallm(attn, padding, report):
 
 @pytest.mark.parametrize("tied", [True, False])
 def test_llama_tied_and_untied_heads(tied):
-    hf, ours = pair(llama("sdpa", LlamaForCausalLM, tie_word_embeddings=tied), swapformer.DecoderForCausalLM, "sdpa")
+    hf, ours = pair(
+        llama("sdpa", LlamaForCausalLM, tie_word_embeddings=tied), swapformer.DecoderForCausalLM, "sdpa"
+    )
     assert (ours.lm_head.weight is ours.model.embed_tokens.weight) == tied
     ids, mask = padded_batch(padding="right")
     with torch.no_grad():
-        assert max_diff(ours(ids, attention_mask=mask).logits, hf(ids, attention_mask=mask).logits, mask) <= TOL
+        assert (
+            max_diff(ours(ids, attention_mask=mask).logits, hf(ids, attention_mask=mask).logits, mask) <= TOL
+        )
 
 
 @pytest.mark.parametrize("attn", BACKENDS)
@@ -95,7 +139,9 @@ def test_bart_matches_bartmodel(attn, report):
 
 
 def test_bart_lm_head_and_loss_match(report):
-    hf, ours = pair(bart("sdpa", BartForConditionalGeneration), swapformer.Seq2SeqForConditionalGeneration, "sdpa")
+    hf, ours = pair(
+        bart("sdpa", BartForConditionalGeneration), swapformer.Seq2SeqForConditionalGeneration, "sdpa"
+    )
     ids, mask = padded_batch(padding="right")
     labels, label_mask = padded_batch(length=7, padding="right", seed=5)
     labels = labels.masked_fill(label_mask == 0, -100)
@@ -127,8 +173,12 @@ def test_converter_refuses_unmapped_and_missing_keys():
     state["encoder.layer.0.attention.self.extra.weight"] = torch.zeros(1)
     del state["embeddings.word_embeddings.weight"]
     with pytest.raises(ConversionError) as err:
-        convert_state_dict(state, swapformer.conversion.bert.RULES, expected_keys=target.state_dict().keys(),
-                           drop=swapformer.conversion.bert.DROP)
+        convert_state_dict(
+            state,
+            swapformer.conversion.bert.RULES,
+            expected_keys=target.state_dict().keys(),
+            drop=swapformer.conversion.bert.DROP,
+        )
     assert "attention.self.extra.weight" in str(err.value) and "embed_tokens.weight" in str(err.value)
 
 

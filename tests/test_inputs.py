@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import LM_CLASSES, VOCAB, build, tiny_config
 
 import swapformer
+
+from conftest import LM_CLASSES, VOCAB, build, tiny_config
 
 
 @pytest.fixture(scope="module")
@@ -27,8 +28,8 @@ def no_kernel_runs(monkeypatch):
     for name in ("scaled_dot_product_attention", "linear"):
         original = getattr(torch.nn.functional, name)
 
-        def spy(*args, _original=original, **kwargs):
-            calls.append(name)
+        def spy(*args, _original=original, _name=name, **kwargs):
+            calls.append(_name)
             return _original(*args, **kwargs)
 
         monkeypatch.setattr(torch.nn.functional, name, spy)
@@ -54,7 +55,9 @@ def test_input_ids_of_wrong_dtype(models, arch, no_kernel_runs):
 
 @pytest.mark.parametrize("arch", ARCHS)
 def test_attention_mask_of_a_different_length(models, arch, no_kernel_runs):
-    with pytest.raises(ValueError, match=r"attention_mask has shape \(1, 3\) but the inputs need \(batch=1, length=4\)"):
+    with pytest.raises(
+        ValueError, match=r"attention_mask has shape \(1, 3\) but the inputs need \(batch=1, length=4\)"
+    ):
         call(models[arch], arch, input_ids=torch.tensor([[5, 6, 7, 8]]), attention_mask=torch.ones(1, 3))
     assert not no_kernel_runs
 
@@ -91,7 +94,9 @@ def test_inputs_embeds_together_with_input_ids(models, arch, no_kernel_runs):
 def test_decoder_side_errors_name_the_decoder_inputs(models, no_kernel_runs):
     with pytest.raises(ValueError, match=r"decoder_attention_mask has shape \(1, 2\)"):
         models["seq2seq"](
-            input_ids=torch.tensor([[5, 6]]), decoder_input_ids=torch.tensor([[1, 5, 6]]), decoder_attention_mask=torch.ones(1, 2)
+            input_ids=torch.tensor([[5, 6]]),
+            decoder_input_ids=torch.tensor([[1, 5, 6]]),
+            decoder_attention_mask=torch.ones(1, 2),
         )
 
 

@@ -6,7 +6,6 @@ import copy
 
 import pytest
 import torch
-from conftest import ARCHS, BASE_CLASSES, LM_CLASSES, build, max_diff, padded_batch, tiny_config
 from transformers import (
     AutoModel,
     AutoModelForCausalLM,
@@ -19,6 +18,8 @@ from transformers import (
 
 import swapformer
 from swapformer.modeling.modeling_base import token_cross_entropy
+
+from conftest import ARCHS, BASE_CLASSES, LM_CLASSES, build, max_diff, padded_batch, tiny_config
 
 
 def lm_inputs(arch, ids, mask):
@@ -90,7 +91,11 @@ def test_activation_checkpointing_gives_the_same_gradients(arch):
         model.train()
         if checkpointing:
             model.activation_checkpointing_enable()
-            assert all(layer.gradient_checkpointing for layer in model.modules() if isinstance(layer, swapformer.modeling.layers.Block))
+            assert all(
+                layer.gradient_checkpointing
+                for layer in model.modules()
+                if isinstance(layer, swapformer.modeling.layers.Block)
+            )
         model(**lm_inputs(arch, ids, mask)).loss.backward()
         grads.append({n: p.grad for n, p in model.named_parameters() if p.grad is not None})
     assert grads[0].keys() == grads[1].keys()
@@ -115,7 +120,10 @@ def test_seq2seq_shared_and_separate_embeddings(tmp_path):
     shared = build(swapformer.Seq2SeqForConditionalGeneration, tiny_config("seq2seq"))
     m = shared.model
     assert m.encoder.embed_tokens is m.shared and m.decoder.embed_tokens is m.shared
-    separate = build(swapformer.Seq2SeqForConditionalGeneration, tiny_config("seq2seq", shared_embeddings=False, tie_word_embeddings=False))
+    separate = build(
+        swapformer.Seq2SeqForConditionalGeneration,
+        tiny_config("seq2seq", shared_embeddings=False, tie_word_embeddings=False),
+    )
     s = separate.model
     assert s.shared is None and s.encoder.embed_tokens is not s.decoder.embed_tokens
     for model, name in ((shared, "shared"), (separate, "separate")):
@@ -159,7 +167,9 @@ def test_no_split_modules_keep_blocks_whole():
     assert model._no_split_modules == {"Block"}
     size = sum(p.numel() * 4 for p in model.parameters())
     device_map = infer_auto_device_map(
-        model, max_memory={0: size // 3, 1: size // 3, "cpu": size * 2}, no_split_module_classes=model._no_split_modules
+        model,
+        max_memory={0: size // 3, 1: size // 3, "cpu": size * 2},
+        no_split_module_classes=model._no_split_modules,
     )
     assert len(set(device_map.values())) > 1, device_map
     for name in device_map:
@@ -171,7 +181,10 @@ def test_device_map_auto_offloads_whole_blocks_and_still_computes_the_same(tmp_p
     model.save_pretrained(tmp_path / "model")
     size = sum(p.numel() * 4 for p in model.parameters())
     loaded = AutoModelForCausalLM.from_pretrained(
-        tmp_path / "model", device_map="auto", max_memory={"cpu": size // 2}, offload_folder=tmp_path / "offload",
+        tmp_path / "model",
+        device_map="auto",
+        max_memory={"cpu": size // 2},
+        offload_folder=tmp_path / "offload",
         attn_implementation="eager",
     )
     placement = loaded.hf_device_map
@@ -204,12 +217,16 @@ class TestLosses:
         decoder_inputs = decoder_inputs.masked_fill(decoder_inputs == -100, config.pad_token_id)
         same = model(ids, attention_mask=mask, decoder_input_ids=decoder_inputs)
         torch.testing.assert_close(out.logits, same.logits)
-        manual = torch.nn.functional.cross_entropy(out.logits.reshape(-1, config.vocab_size), labels.reshape(-1), ignore_index=-100)
+        manual = torch.nn.functional.cross_entropy(
+            out.logits.reshape(-1, config.vocab_size), labels.reshape(-1), ignore_index=-100
+        )
         torch.testing.assert_close(out.loss, manual)
         assert torch.equal(model.prepare_decoder_input_ids_from_labels(labels), decoder_inputs)
 
     def test_missing_decoder_start_token_is_a_clear_error(self):
-        model = build(swapformer.Seq2SeqForConditionalGeneration, tiny_config("seq2seq", decoder_start_token_id=None))
+        model = build(
+            swapformer.Seq2SeqForConditionalGeneration, tiny_config("seq2seq", decoder_start_token_id=None)
+        )
         ids, _ = padded_batch()
         with pytest.raises(ValueError, match="decoder_start_token_id=None"):
             model(ids, labels=ids)
@@ -226,7 +243,9 @@ class TestLosses:
         model.zero_grad()
         total = int((labels[:, 1:] != -100).sum())
         for part in (slice(0, 2), slice(2, 4)):
-            model(ids[part], attention_mask=mask[part], labels=labels[part], num_items_in_batch=total).loss.backward()
+            model(
+                ids[part], attention_mask=mask[part], labels=labels[part], num_items_in_batch=total
+            ).loss.backward()
         assert max(max_diff(big[n], p.grad) for n, p in model.named_parameters()) <= 1e-6
 
     def test_token_cross_entropy_with_count(self):
@@ -237,16 +256,23 @@ class TestLosses:
         torch.testing.assert_close(mean, summed)
 
 
-@pytest.mark.parametrize("problem, labels", [
-    ("single_label_classification", torch.tensor([0, 2, 1])),
-    ("regression", torch.tensor([0.5, -1.0, 2.0])),
-    ("multi_label_classification", torch.tensor([[1.0, 0, 1], [0, 0, 1], [1, 1, 0]])),
-])
+@pytest.mark.parametrize(
+    "problem, labels",
+    [
+        ("single_label_classification", torch.tensor([0, 2, 1])),
+        ("regression", torch.tensor([0.5, -1.0, 2.0])),
+        ("multi_label_classification", torch.tensor([[1.0, 0, 1], [0, 0, 1], [1, 1, 0]])),
+    ],
+)
 @pytest.mark.parametrize("arch", ["encoder", "decoder"])
 def test_sequence_classification_losses(arch, problem, labels):
     num_labels = 1 if problem == "regression" else 3
     config = tiny_config(arch, num_labels=num_labels, problem_type=problem)
-    model_class = swapformer.EncoderForSequenceClassification if arch == "encoder" else swapformer.DecoderForSequenceClassification
+    model_class = (
+        swapformer.EncoderForSequenceClassification
+        if arch == "encoder"
+        else swapformer.DecoderForSequenceClassification
+    )
     model = build(model_class, config)
     ids, mask = padded_batch(padding="left" if arch == "decoder" else "right")
     out = model(ids, attention_mask=mask, labels=labels)
@@ -259,14 +285,21 @@ def test_decoder_classification_reads_the_last_real_token():
     row = torch.tensor([[5, 6, 7, 8]])
     ref = model(row).logits
     left = model(torch.tensor([[0, 0, 5, 6, 7, 8]]), attention_mask=torch.tensor([[0, 0, 1, 1, 1, 1]])).logits
-    right = model(torch.tensor([[5, 6, 7, 8, 0, 0]]), attention_mask=torch.tensor([[1, 1, 1, 1, 0, 0]])).logits
+    right = model(
+        torch.tensor([[5, 6, 7, 8, 0, 0]]), attention_mask=torch.tensor([[1, 1, 1, 1, 0, 0]])
+    ).logits
     assert max_diff(ref, left) <= 1e-5 and max_diff(ref, right) <= 1e-5
 
 
 def test_question_answering_and_token_classification_heads():
     ids, mask = padded_batch()
     qa = build(swapformer.EncoderForQuestionAnswering, tiny_config("encoder"))
-    out = qa(ids, attention_mask=mask, start_positions=torch.tensor([1, 2, 50]), end_positions=torch.tensor([3, 4, 50]))
+    out = qa(
+        ids,
+        attention_mask=mask,
+        start_positions=torch.tensor([1, 2, 50]),
+        end_positions=torch.tensor([3, 4, 50]),
+    )
     assert out.start_logits.shape == (3, 9) and torch.isfinite(out.loss)
     tok = build(swapformer.EncoderForTokenClassification, tiny_config("encoder", num_labels=5))
     labels = torch.randint(0, 5, ids.shape).masked_fill(mask == 0, -100)
@@ -287,7 +320,9 @@ def test_peft_lora_on_hf_standard_names():
     from peft import LoraConfig, get_peft_model
 
     model = build(swapformer.DecoderForCausalLM, tiny_config("decoder"))
-    peft_model = get_peft_model(copy.deepcopy(model), LoraConfig(r=4, target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM"))
+    peft_model = get_peft_model(
+        copy.deepcopy(model), LoraConfig(r=4, target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM")
+    )
     wrapped = [n for n, _ in peft_model.named_modules() if n.endswith("q_proj.lora_A")]
     assert len(wrapped) == model.config.num_hidden_layers
     ids, mask = padded_batch()

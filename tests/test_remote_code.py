@@ -10,16 +10,29 @@ import textwrap
 
 import pytest
 import torch
-from conftest import build, padded_batch, tiny_config
 from safetensors.torch import save_file
 
 import swapformer
 from swapformer.modeling.remote_code import flat_files
 
+from conftest import build, padded_batch, tiny_config
+
 CASES = {
-    "encoder": (swapformer.EncoderForMaskedLM, "AutoModelForMaskedLM", dict(position_embedding_type="learned")),
-    "decoder": (swapformer.DecoderForCausalLM, "AutoModelForCausalLM", dict(position_embedding_type="rope", num_key_value_heads=2)),
-    "seq2seq": (swapformer.Seq2SeqForConditionalGeneration, "AutoModelForSeq2SeqLM", dict(position_embedding_type="relative_bias")),
+    "encoder": (
+        swapformer.EncoderForMaskedLM,
+        "AutoModelForMaskedLM",
+        dict(position_embedding_type="learned"),
+    ),
+    "decoder": (
+        swapformer.DecoderForCausalLM,
+        "AutoModelForCausalLM",
+        dict(position_embedding_type="rope", num_key_value_heads=2),
+    ),
+    "seq2seq": (
+        swapformer.Seq2SeqForConditionalGeneration,
+        "AutoModelForSeq2SeqLM",
+        dict(position_embedding_type="relative_bias"),
+    ),
 }
 
 # Runs in a fresh interpreter: swapformer is made unimportable before anything else happens.
@@ -70,7 +83,11 @@ def test_remote_code_loads_without_swapformer(arch, tmp_path, report):
     env.pop("PYTHONPATH", None)
     run = subprocess.run(
         [sys.executable, "-c", SCRIPT, str(folder), auto_name, arch],
-        capture_output=True, text=True, cwd=tmp_path, env=env, timeout=300,
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env=env,
+        timeout=300,
     )
     assert run.returncode == 0, run.stderr[-3000:]
     result = json.loads(run.stdout.split("REPORT ", 1)[1])

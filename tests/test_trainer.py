@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import LM_CLASSES, build, max_diff, tiny_config
 from transformers import Trainer, TrainingArguments
+
+from conftest import LM_CLASSES, build, max_diff, tiny_config
 
 
 class Rows(torch.utils.data.Dataset):
