@@ -102,6 +102,13 @@ def finish_output(config, output, return_dict: bool | None):
     return output if (config.return_dict if return_dict is None else return_dict) else output.to_tuple()
 
 
+def keep_positions(h: torch.Tensor, logits_to_keep: int | torch.Tensor) -> torch.Tensor:
+    """The positions of h (B, T, E) that need logits: the last N (0 means all) or those indexed."""
+    if isinstance(logits_to_keep, int):
+        return h[:, -logits_to_keep:] if logits_to_keep else h
+    return h[:, logits_to_keep]
+
+
 def resolve_cache_argument(cache, past_key_values):
     """`cache` is the transformers 5.x name; `past_key_values` is still accepted, never both."""
     if past_key_values is None:
@@ -165,6 +172,7 @@ def sequence_classification_loss(config, logits: torch.Tensor, labels: torch.Ten
 __all__ = [
     "SwapformerPreTrainedModel",
     "finish_output",
+    "keep_positions",
     "resolve_cache_argument",
     "token_cross_entropy",
     "sequence_classification_loss",

@@ -16,6 +16,7 @@ from ..configuration.configuration_swapformer import DecoderConfig
 from .modeling_base import (
     SwapformerPreTrainedModel,
     finish_output,
+    keep_positions,
     resolve_cache_argument,
     sequence_classification_loss,
     token_cross_entropy,
@@ -122,12 +123,7 @@ class DecoderForCausalLM(DecoderPreTrainedModel, GenerationMixin):
             output_hidden_states=output_hidden_states,
             return_dict=True,
         )
-        h = out.last_hidden_state
-        if isinstance(logits_to_keep, int):
-            h = h[:, -logits_to_keep:] if logits_to_keep else h
-        else:
-            h = h[:, logits_to_keep]
-        logits = self.lm_head(h)
+        logits = self.lm_head(keep_positions(out.last_hidden_state, logits_to_keep))
         loss = None
         if labels is not None:
             loss = token_cross_entropy(logits, labels, shift=True, num_items_in_batch=num_items_in_batch)

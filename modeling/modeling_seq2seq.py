@@ -18,6 +18,7 @@ from ..configuration.configuration_swapformer import Seq2SeqConfig
 from .modeling_base import (
     SwapformerPreTrainedModel,
     finish_output,
+    keep_positions,
     resolve_cache_argument,
     token_cross_entropy,
 )
@@ -276,12 +277,7 @@ class Seq2SeqForConditionalGeneration(Seq2SeqPreTrainedModel, GenerationMixin):
             output_hidden_states=output_hidden_states,
             return_dict=True,
         )
-        h = out.last_hidden_state
-        if isinstance(logits_to_keep, int):
-            h = h[:, -logits_to_keep:] if logits_to_keep else h
-        else:
-            h = h[:, logits_to_keep]
-        logits = self.lm_head(h)
+        logits = self.lm_head(keep_positions(out.last_hidden_state, logits_to_keep))
         loss = None
         if labels is not None:
             loss = token_cross_entropy(logits, labels, shift=False, num_items_in_batch=num_items_in_batch)
