@@ -1,20 +1,32 @@
 """What each attention backend can do, as data.
 
-The table is read in two places: when a config is built with `attn_implementation=...`, and when a
-model chooses its backend (`from_config`, `from_pretrained`, `set_attn_implementation`). An
-impossible combination fails there, with the backend, the feature and what to use instead. No
-backend silently falls back to another and no backend silently drops a mask.
+The table is read when a config is built with `attn_implementation=...` and when a model chooses its
+backend (`from_config`, `from_pretrained`, `set_attn_implementation`). An impossible combination
+fails there, naming the backend, the feature and what to use instead. No backend silently falls back
+to another and none silently drops a mask. Facts that only the batch can reveal (a padding mask
+handed to `sdpa_fa`, gradients through flex on CPU) fail in the forward with the same kind of message.
 
-Torch-free on purpose: it is pure data plus checks over config values. Checks that need torch (the
-device of the weights, installed kernels) live in `modeling/attention.py`.
+Torch-free on purpose: pure data plus checks over config values. Checks that need torch (the device
+of the weights, installed kernels) live in `modeling/attention.py`.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-# Every feature a backend may or may not have. Kept as a tuple so README tables keep one order.
+PATTERNS = ("full", "sliding", "sliding_global", "bigbird")
+# layer type (config) -> pattern kind (mask)
+LAYER_TYPE_PATTERN = {
+    "full_attention": "full",
+    "sliding_attention": "sliding",
+    "sliding_global_attention": "sliding_global",
+    "bigbird_attention": "bigbird",
+}
+PER_LAYER_BACKEND = "swapformer_per_layer"
+
+# Every feature, in the order of the README table.
 FEATURES = (
+    "patterns",
     "causal",
     "bidirectional",
     "cross_attention",
@@ -32,37 +44,70 @@ FEATURES = (
 
 @dataclass(frozen=True)
 class Capabilities:
+    patterns: tuple[str, ...] = PATTERNS
     causal: bool = True
     bidirectional: bool = True
     cross_attention: bool = True
     padding: bool = True
     gqa: bool = True
     dropout: bool = True
-    # additive score biases (ALiBi, T5 relative bias)
-    position_bias: bool = True
-    # "native": the kernel returns the weights; "recomputed": swapformer recomputes them from q and k
-    # for the layers asked, with eager's math
+    position_bias: bool = True  # additive score biases: ALiBi, T5 relative bias
+    # "native": the kernel returns the weights; "recomputed": swapformer recomputes them for the layers
+    # asked, in chunks of queries, with eager's math
     output_attentions: str = "native"
     kv_cache: bool = True
-    backward: bool = True
+    backward: tuple[str, ...] = ("cpu", "cuda")  # devices where gradients flow
     devices: tuple[str, ...] = ("cpu", "cuda")
     dtypes: tuple[str, ...] = ("float32", "float16", "bfloat16")
+    needs: str = ""  # an optional package, checked when chosen
     note: str = ""
 
 
 BACKENDS: dict[str, Capabilities] = {
-    "eager": Capabilities(note="reference implementation (the oracle every backend is tested against)"),
+    "eager": Capabilities(note="the reference every backend is tested against; O(n^2) dense mask"),
     "sdpa": Capabilities(
         output_attentions="recomputed",
-        note="torch.nn.functional.scaled_dot_product_attention with a boolean or additive mask",
+        note="torch SDPA with a dense boolean/additive mask: O(n^2) mask, fused kernel",
+    ),
+    "sparse": Capabilities(
+        output_attentions="recomputed",
+        note="block-sparse in plain PyTorch: skips masked blocks, O(n * (window + globals + random)); full layers run as sdpa",
+    ),
+    "flex_attention": Capabilities(
+        dropout=False,
+        position_bias=False,
+        output_attentions="recomputed",
+        backward=("cuda",),
+        note="torch flex_attention with the pattern as a BlockMask; compiled on first use (~15 s on CPU)",
+    ),
+    "flash_attention_2": Capabilities(
+        patterns=("full", "sliding"),
+        position_bias=False,
+        output_attentions="recomputed",
+        devices=("cuda",),
+        backward=("cuda",),
+        dtypes=("float16", "bfloat16"),
+        needs="flash_attn",
+        note="the flash-attn package (pip install 'swapformer[flash]')",
+    ),
+    "sdpa_fa": Capabilities(
+        patterns=("full",),
+        padding=False,
+        position_bias=False,
+        dropout=True,
+        output_attentions="recomputed",
+        devices=("cuda",),
+        backward=("cuda",),
+        dtypes=("float16", "bfloat16"),
+        note="torch SDPA pinned to its FlashAttention kernel, for CUDA machines without flash-attn; no masks but causality",
     ),
 }
 
-# Names transformers knows that swapformer does not (yet) run, with what to use instead.
+# Names transformers knows that swapformer does not run, with what to use instead.
 UNSUPPORTED = {
-    "flash_attention_2": "FlashAttention is not wired into swapformer yet; use 'sdpa' (on CUDA it selects a flash kernel)",
-    "flash_attention_3": "FlashAttention 3 is not supported; use 'sdpa'",
-    "flex_attention": "flex_attention is not wired into swapformer yet; use 'sdpa'",
+    "flash_attention_3": "FlashAttention 3 is not wired into swapformer; use 'flash_attention_2' or 'sdpa_fa'",
+    "flash_attention_4": "FlashAttention 4 is not wired into swapformer; use 'flash_attention_2' or 'sdpa_fa'",
+    "paged|eager": "paged attention is not supported; use 'eager' or 'sdpa'",
 }
 
 
@@ -72,42 +117,74 @@ def supported_backends() -> tuple[str, ...]:
 
 def check_backend_name(name) -> str:
     """Return `name` if swapformer runs it, else raise a ValueError that says what to use."""
-    if isinstance(name, dict):
-        for sub in name.values():
-            check_backend_name(sub)
-        return name
-    if name in BACKENDS:
+    if name in BACKENDS or name == PER_LAYER_BACKEND:
         return name
     if name in UNSUPPORTED:
         raise ValueError(f"attn_implementation={name!r}: {UNSUPPORTED[name]}")
     raise ValueError(
-        f"Unknown attn_implementation={name!r}; swapformer supports {', '.join(map(repr, BACKENDS))}"
+        f"Unknown attn_implementation={name!r}; swapformer supports {', '.join(map(repr, BACKENDS))}, or a "
+        f"{{layer type: backend}} mapping"
     )
 
 
-def check_backend_for_config(name: str, config) -> None:
-    """Raise if backend `name` cannot compute the function `config` describes."""
-    check_backend_name(name)
-    caps = BACKENDS[name]
-    needs = {
-        "gqa": config.num_key_value_heads != config.num_attention_heads,
-        "position_bias": config.position_embedding_type in ("alibi", "relative_bias"),
-        "causal": bool(getattr(config, "causal", False)),
-        "bidirectional": not getattr(config, "causal", False) or getattr(config, "is_encoder_decoder", False),
-        "cross_attention": bool(getattr(config, "is_encoder_decoder", False)),
-    }
-    for feature, needed in needs.items():
-        if needed and not getattr(caps, feature):
-            capable = [n for n, c in BACKENDS.items() if getattr(c, feature)]
+def check_layer_backends(mapping: dict, layer_types: list[str] | None) -> dict:
+    """Validate a {layer type: backend} mapping; every layer type in use must have a backend."""
+    for layer_type, backend in mapping.items():
+        if layer_type not in LAYER_TYPE_PATTERN:
             raise ValueError(
-                f"attn_implementation={name!r} does not support {feature}, which this "
-                f"{type(config).__name__} needs; use one of {', '.join(map(repr, capable))}"
+                f"attn_implementation mapping key {layer_type!r} is not a layer type; use "
+                f"{', '.join(map(repr, LAYER_TYPE_PATTERN))}"
             )
+        check_backend_name(backend)
+        if backend == PER_LAYER_BACKEND:
+            raise ValueError("a per-layer mapping cannot name another mapping")
+    if layer_types is not None:
+        missing = sorted(set(layer_types) - set(mapping))
+        if missing:
+            raise ValueError(
+                f"attn_implementation mapping {mapping} gives no backend for layer types {missing} used by this model"
+            )
+    return dict(mapping)
+
+
+def check_backend_for_config(name: str, config) -> None:
+    """Raise if backend `name` (or each backend of a per-layer mapping) cannot compute `config`'s model."""
+    check_backend_name(name)
+    if name == PER_LAYER_BACKEND:
+        pairs = [(t, config._attn_layer_backends[t]) for t in dict.fromkeys(config._all_layer_types())]
+    else:
+        pairs = [(t, name) for t in dict.fromkeys(config._all_layer_types())]
+    encoder_decoder = bool(getattr(config, "is_encoder_decoder", False))
+    causal = bool(getattr(config, "causal", False))
+    for layer_type, backend in pairs:
+        caps = BACKENDS[backend]
+        pattern = LAYER_TYPE_PATTERN[layer_type]
+        if pattern not in caps.patterns:
+            _refuse(backend, f"{pattern!r} attention ({layer_type} layers)", lambda c, p=pattern: p in c.patterns)
+        needs = {
+            "gqa": config.num_key_value_heads != config.num_attention_heads,
+            "position_bias": config.position_embedding_type in ("alibi", "relative_bias"),
+            "causal": causal,
+            "bidirectional": not causal or encoder_decoder,
+            "cross_attention": encoder_decoder,
+            "dropout": config.attention_dropout > 0,
+        }
+        for feature, needed in needs.items():
+            if needed and not getattr(caps, feature):
+                _refuse(backend, feature, lambda c, f=feature: getattr(c, f))
+
+
+def _refuse(backend: str, feature: str, has) -> None:
+    capable = [n for n, c in BACKENDS.items() if has(c)]
+    raise ValueError(
+        f"attn_implementation={backend!r} does not support {feature}, which this model needs; "
+        f"use one of {', '.join(map(repr, capable))}"
+    )
 
 
 def capability_table_markdown() -> str:
     """The backend x feature table, as Markdown (the README's copy is generated from this)."""
-    head = "| backend | " + " | ".join(FEATURES) + " |"
+    head = "| backend | " + " | ".join(f.replace("_", " ") for f in FEATURES) + " |"
     rule = "|" + "---|" * (len(FEATURES) + 1)
     rows = []
     for name, caps in BACKENDS.items():
@@ -117,8 +194,9 @@ def capability_table_markdown() -> str:
             if isinstance(value, bool):
                 cells.append("yes" if value else "no")
             elif isinstance(value, tuple):
-                cells.append(", ".join(value))
+                cells.append(", ".join(value) if value else "none")
             else:
                 cells.append(str(value))
         rows.append(f"| `{name}` | " + " | ".join(cells) + " |")
-    return "\n".join([head, rule, *rows])
+    notes = [f"- `{name}`: {caps.note}" for name, caps in BACKENDS.items() if caps.note]
+    return "\n".join([head, rule, *rows, "", *notes])

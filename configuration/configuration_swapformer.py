@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from transformers import PreTrainedConfig
 
-from .backends import check_backend_name
+from .backends import PER_LAYER_BACKEND, check_backend_name, check_layer_backends
 
 POSITION_TYPES = ("learned", "sinusoidal", "rope", "alibi", "relative_bias", "none")
 NORM_TYPES = ("layernorm", "rmsnorm")
@@ -34,6 +34,7 @@ ACTIVATIONS = (
     "tanh",
 )
 INITIALIZERS = ("normal", "xavier")
+LAYER_TYPES = ("full_attention", "sliding_attention", "sliding_global_attention", "bigbird_attention")
 
 
 def _check_int(name: str, value, minimum: int) -> None:
@@ -100,6 +101,21 @@ class SwapformerConfig(PreTrainedConfig):
         initializer: `"normal"` (std `initializer_range`) or `"xavier"` (uniform) for linear weights.
         initializer_range: std of the normal initialiser and of embeddings.
         tie_word_embeddings: share the output projection with the input embedding.
+        layer_types: the attention pattern of each layer (of the encoder, for `Seq2SeqConfig`):
+            `"full_attention"`, `"sliding_attention"` (a window of `sliding_window`),
+            `"sliding_global_attention"` (window plus global tokens, Longformer,
+            https://arxiv.org/abs/2004.05150) or `"bigbird_attention"` (window, global tokens and
+            random key blocks, BigBird, https://arxiv.org/abs/2007.14062). `None` means all full.
+            ModernBERT's layout is one line: `["full_attention" if i % 3 == 0 else "sliding_attention"
+            for i in range(n)]`.
+        sliding_window: window width w: a query sees keys with 0 <= q - k < w when causal, |q - k| < w
+            when bidirectional (the convention of transformers and flash-attn).
+        global_tokens: the first k positions are global (attend to all, attended by all); a
+            `global_attention_mask` input marks more, per batch row.
+        attention_block_size: block size of the random blocks and of the sparse backend.
+        num_random_blocks: random key blocks per query block (`bigbird_attention`).
+        random_seed: seed of the random block layout, stored so every run, process and backend
+            draws the same layout.
     """
 
     model_type = "swapformer"
@@ -133,6 +149,12 @@ class SwapformerConfig(PreTrainedConfig):
     initializer: str = "normal"
     initializer_range: float = 0.02
     tie_word_embeddings: bool = True
+    layer_types: list[str] | None = None
+    sliding_window: int | None = None
+    global_tokens: int = 0
+    attention_block_size: int = 64
+    num_random_blocks: int = 3
+    random_seed: int = 0
     use_cache: bool = True
     pad_token_id: int | None = None
     bos_token_id: int | None = None
@@ -143,6 +165,7 @@ class SwapformerConfig(PreTrainedConfig):
 
     def __post_init__(self, **kwargs):
         backend = kwargs.get("attn_implementation")
+        self._attn_layer_backends = None
         super().__post_init__(**kwargs)
         # The sizes that derived defaults are computed from are checked first.
         _check_int("hidden_size", self.hidden_size, 1)
@@ -158,8 +181,11 @@ class SwapformerConfig(PreTrainedConfig):
             self.head_dim = self.hidden_size // self.num_attention_heads
         if self.intermediate_size is None:
             self.intermediate_size = 4 * self.hidden_size
+        _check_int("num_hidden_layers", self.num_hidden_layers, 1)
+        if self.layer_types is None:
+            self.layer_types = ["full_attention"] * self.num_hidden_layers
         self._validate()
-        if backend is not None:
+        if backend is not None and not isinstance(backend, dict):
             check_backend_name(backend)
 
     # Validation ---------------------------------------------------------------------------------
@@ -203,6 +229,11 @@ class SwapformerConfig(PreTrainedConfig):
                     f"relative_attention_max_distance={self.relative_attention_max_distance} must exceed "
                     f"relative_attention_num_buckets // 2 = {self.relative_attention_num_buckets // 2} (T5: 128 for 32)"
                 )
+        self._check_layer_types("layer_types", self.layer_types, self.num_hidden_layers, "num_hidden_layers")
+        if self._attn_layer_backends is not None:
+            check_layer_backends(self._attn_layer_backends, self._all_layer_types())
+        for name, minimum in (("global_tokens", 0), ("attention_block_size", 1), ("num_random_blocks", 0), ("random_seed", 0)):
+            _check_int(name, getattr(self, name), minimum)
         _check_float("rope_theta", self.rope_theta, 1.0)
         _check_float("norm_eps", self.norm_eps, 0.0, 1.0)
         _check_float("initializer_range", self.initializer_range, 0.0, 1.0, high_inclusive=True)
@@ -227,6 +258,58 @@ class SwapformerConfig(PreTrainedConfig):
 
     def _token_id_fields(self) -> tuple[str, ...]:
         return ("pad_token_id", "bos_token_id", "eos_token_id")
+
+    def _all_layer_types(self) -> list[str]:
+        return list(self.layer_types)
+
+    def _check_layer_types(self, name: str, layer_types, count: int, count_name: str) -> None:
+        if not isinstance(layer_types, (list, tuple)) or len(layer_types) != count:
+            raise ValueError(
+                f"{name} must list one attention type per layer ({count_name}={count}), got {layer_types!r}"
+            )
+        for layer_type in layer_types:
+            _check_choice(f"{name} entry", layer_type, LAYER_TYPES)
+        windowed = [t for t in layer_types if t != "full_attention"]
+        if windowed and self.sliding_window is None:
+            raise ValueError(f"{name} has {windowed[0]!r} layers but sliding_window is None; set sliding_window")
+        if self.sliding_window is not None:
+            _check_int("sliding_window", self.sliding_window, 1)
+            if self.position_embedding_type == "learned" and self.sliding_window >= self.max_position_embeddings:
+                raise ValueError(
+                    f"sliding_window={self.sliding_window} covers the whole learned position table "
+                    f"(max_position_embeddings={self.max_position_embeddings}), so the window never applies; "
+                    "use full_attention layers or a smaller window"
+                )
+
+    def validate_layer_type(self):
+        """transformers' own check knows only its layer type names; swapformer checks its own in __post_init__."""
+
+    # Backend per layer type: attn_implementation may be a {layer type: backend} mapping. transformers
+    # reads a dict as per-sub-config backends, so the mapping is kept here, outside the serialised
+    # fields, and `_attn_implementation` holds the name of the dispatcher that reads it.
+
+    @property
+    def _attn_implementation(self):
+        return self._attn_implementation_internal
+
+    @_attn_implementation.setter
+    def _attn_implementation(self, value):
+        if isinstance(value, dict) and "" not in value:
+            known = self._all_layer_types() if getattr(self, "layer_types", None) is not None else None
+            self._attn_layer_backends = check_layer_backends(value, known)
+            value = PER_LAYER_BACKEND
+        self._attn_implementation_internal = value
+
+    def backend_for(self, layer_type: str) -> str:
+        """The backend that runs layers of `layer_type`."""
+        name = self._attn_implementation or "eager"
+        if name == PER_LAYER_BACKEND:
+            return self._attn_layer_backends[layer_type]
+        return name
+
+    def _remove_keys_not_serialized(self, d: dict) -> None:
+        super()._remove_keys_not_serialized(d)
+        d.pop("_attn_layer_backends", None)
 
     def _check_token_id(self, name: str, value) -> None:
         values = value if isinstance(value, list) else [value]
@@ -281,6 +364,7 @@ class Seq2SeqConfig(SwapformerConfig):
     model_type = "swapformer_seq2seq"
 
     decoder_layers: int | None = None
+    decoder_layer_types: list[str] | None = None
     shared_embeddings: bool = True
     decoder_start_token_id: int | None = None
     is_encoder_decoder: bool = True
@@ -289,17 +373,25 @@ class Seq2SeqConfig(SwapformerConfig):
     def __post_init__(self, **kwargs):
         if self.decoder_layers is None:
             self.decoder_layers = self.num_hidden_layers
+        if self.decoder_layer_types is None and isinstance(self.decoder_layers, int):
+            # Always explicit: transformers' flat encoder-decoder handling turns decoder_layer_types into
+            # the layer_types of the decoder's cache, and must not fall back to the encoder's.
+            self.decoder_layer_types = ["full_attention"] * self.decoder_layers
         super().__post_init__(**kwargs)
 
     def _validate(self) -> None:
         super()._validate()
         _check_int("decoder_layers", self.decoder_layers, 1)
+        self._check_layer_types("decoder_layer_types", self.decoder_layer_types, self.decoder_layers, "decoder_layers")
         _check_bool("shared_embeddings", self.shared_embeddings)
         if not self.is_encoder_decoder:
             raise ValueError("Seq2SeqConfig needs is_encoder_decoder=True")
 
     def _token_id_fields(self) -> tuple[str, ...]:
         return (*super()._token_id_fields(), "decoder_start_token_id")
+
+    def _all_layer_types(self) -> list[str]:
+        return list(self.layer_types) + list(self.decoder_layer_types)
 
 
 __all__ = ["SwapformerConfig", "EncoderConfig", "DecoderConfig", "Seq2SeqConfig"]

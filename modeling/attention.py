@@ -1,4 +1,4 @@
-"""Attention functions and the checks made when a backend is chosen.
+"""Attention functions, their registration, and the checks made when a backend is chosen.
 
 Every backend has transformers' `AttentionInterface` signature:
 
@@ -6,25 +6,31 @@ Every backend has transformers' `AttentionInterface` signature:
 
 B batch, H query heads, K key/value heads, T query length, S key length, D head dim.
 query (B, H, T, D); key, value (B, K, S, D), GQA not expanded (`module.num_key_value_groups`);
-out (B, T, H, D) contiguous; weights (B, H, T, S) or None.
+out (B, T, H, D) contiguous; weights (B, H, T, S) or None. `attention_mask` is what masks.py lowered
+for the backend. With None, causality comes from `module.is_causal` (when T > 1), as in transformers.
 
-`attention_mask` is what `masks.lower_mask` made for the backend: for eager an additive float mask
-(0 where allowed, -inf where not, plus any position bias) or None; for sdpa a boolean mask (True
-where allowed), an additive float mask when there is a position bias, or None. With None, causality
-comes from `module.is_causal` (when T > 1), as in transformers.
+Fully masked query rows (left padding under a causal mask) give zeros on every backend, as SDPA and
+FlashAttention do, rather than the uniform average a plain softmax would give.
 
-Fully masked query rows (left padding under a causal mask) give zeros on every backend, as SDPA
-and FlashAttention do, rather than the uniform average a plain softmax would give.
-
-This module knows nothing of layers; layers call the backend through the registry.
+Registered here with transformers (both `AttentionInterface` and `AttentionMaskInterface`, see
+HF_NOTES.md): `sparse`, `sdpa_fa`, and the dispatcher that runs a {layer type: backend} mapping.
+`eager` is the default passed to `get_interface`; `sdpa`, `flex_attention` and `flash_attention_2`
+are transformers' own functions, fed with swapformer's masks. This module knows nothing of layers.
 """
 
 from __future__ import annotations
 
+import importlib.util
+
 import torch
 from torch import nn
+from transformers import AttentionInterface
+from transformers.masking_utils import AttentionMaskInterface
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
-from ..configuration.backends import BACKENDS, check_backend_for_config
+from ..configuration.backends import BACKENDS, PER_LAYER_BACKEND, check_backend_for_config
+from .masks import AttentionPattern
+from .sparse import _sdpa, sparse_attention_forward
 
 
 def repeat_kv(x: torch.Tensor, groups: int) -> torch.Tensor:
@@ -42,10 +48,9 @@ def attention_probabilities(
     attention_mask: torch.Tensor | None,
     scaling: float,
 ) -> torch.Tensor:
-    """softmax(q k^T * scaling + mask) in fp32, with fully masked rows set to zero.
+    """softmax(q k^T * scaling + mask) in fp32, fully masked rows set to zero.
 
-    `attention_mask` may be additive (float) or boolean (True = attend); both are accepted so the
-    weights can be recomputed from whatever mask a fast backend was given.
+    `attention_mask` is additive (float) or boolean (True = attend).
     """
     key = repeat_kv(key, module.num_key_value_groups)
     scores = torch.matmul(query.float(), key.float().transpose(2, 3)) * scaling  # (B, H, T, S)
@@ -62,6 +67,20 @@ def attention_probabilities(
     has_key = scores.amax(dim=-1, keepdim=True) > finite
     probs = torch.softmax(scores.clamp(min=finite), dim=-1)
     return probs * has_key
+
+
+def attention_weights(
+    module: nn.Module, query: torch.Tensor, key: torch.Tensor, pattern: AttentionPattern, scaling: float, chunk: int = 256
+) -> torch.Tensor:
+    """Dense (B, H, T, S) weights equal to eager's, recomputed from the pattern `chunk` queries at a
+    time, so the extra memory beyond the result is O(chunk * S). Masked entries are exactly zero."""
+    t = query.shape[2]
+    out = query.new_empty(query.shape[0], query.shape[1], t, key.shape[2], dtype=torch.float32)
+    for start in range(0, t, chunk):
+        rows = slice(start, min(start + chunk, t))
+        mask = pattern.additive(torch.float32, rows)
+        out[:, :, rows] = attention_probabilities(module, query[:, :, rows], key, mask, scaling)
+    return out
 
 
 def eager_attention_forward(
@@ -84,14 +103,59 @@ def eager_attention_forward(
     return out.transpose(1, 2).contiguous(), weights
 
 
-def check_backend_for_model(name: str, model: nn.Module) -> None:
-    """Checks made when `model` is put on backend `name`: the config's needs, then the device."""
+def sdpa_fa_attention_forward(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
+    """SDPA restricted to its FlashAttention kernel (CUDA): full attention, causal or not, no mask."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    if attention_mask is not None:
+        raise ValueError("sdpa_fa received a mask; its lowering should have refused this batch")
+    with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+        return _sdpa(module, query, key, value, None, scaling, dropout), None
+
+
+def per_layer_attention_forward(module, query, key, value, attention_mask, **kwargs):
+    """Runs the backend the {layer type: backend} mapping gives this module's layer type."""
+    backend = module.config.backend_for(module.layer_type)
+    fn = ALL_ATTENTION_FUNCTIONS.get_interface(backend, eager_attention_forward)
+    return fn(module, query, key, value, attention_mask, **kwargs)
+
+
+def _no_hf_mask(*args, **kwargs):
+    raise NotImplementedError(
+        "swapformer models build their own masks (modeling/masks.py); transformers' mask builders do not apply"
+    )
+
+
+for _name, _fn in (
+    ("sparse", sparse_attention_forward),
+    ("sdpa_fa", sdpa_fa_attention_forward),
+    (PER_LAYER_BACKEND, per_layer_attention_forward),
+):
+    AttentionInterface.register(_name, _fn)
+    AttentionMaskInterface.register(_name, _no_hf_mask)
+
+
+def check_backend_for_model(name: str, model: nn.Module, is_init_check: bool = False) -> None:
+    """Checks made when `model` is put on backend `name`: the config's needs, installed packages,
+    the device of the weights (skipped while the model is being built, as transformers does)."""
     check_backend_for_config(name, model.config)
-    caps = BACKENDS[name]
-    devices = {p.device.type for p in model.parameters() if p.device.type != "meta"}
-    for device in devices:
-        if device not in caps.devices:
+    names = (
+        set(model.config._attn_layer_backends.values()) if name == PER_LAYER_BACKEND else {name}
+    )
+    for backend in names:
+        caps = BACKENDS[backend]
+        if caps.needs and importlib.util.find_spec(caps.needs) is None:
             raise ValueError(
-                f"attn_implementation={name!r} does not run on device {device!r} (it runs on "
-                f"{', '.join(caps.devices)}); use 'eager' or move the model"
+                f"attn_implementation={backend!r} needs the {caps.needs} package, which is not installed: "
+                f"pip install 'swapformer[flash]' on a CUDA machine, or use 'sdpa_fa' (torch's own flash kernel) or 'sdpa'"
             )
+        if caps.devices == ("cuda",) and not torch.cuda.is_available():
+            raise ValueError(f"attn_implementation={backend!r} runs on CUDA only and no CUDA device is available; use 'sdpa' or 'sparse'")
+        if is_init_check:
+            continue
+        for device in {p.device.type for p in model.parameters() if p.device.type != "meta"}:
+            if device not in caps.devices:
+                raise ValueError(
+                    f"attn_implementation={backend!r} does not run on device {device!r} (it runs on "
+                    f"{', '.join(caps.devices)}); move the model first or use 'sdpa' or 'sparse'"
+                )

@@ -21,7 +21,8 @@ from transformers.cache_utils import Cache, EncoderDecoderCache
 from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
-from .attention import attention_probabilities, eager_attention_forward
+from .attention import attention_weights, eager_attention_forward
+from .masks import AttentionPattern
 
 # Norms ---------------------------------------------------------------------------------------------
 
@@ -129,11 +130,10 @@ def alibi_slopes(num_heads: int) -> torch.Tensor:
 
 
 def alibi_bias(query_pos: torch.Tensor, key_pos: torch.Tensor, num_heads: int, causal: bool) -> torch.Tensor:
-    """(B, T), (B, S) -> (B, H, T, S): -slope * distance (distance |q - k| when bidirectional)."""
-    distance = (query_pos[:, :, None] - key_pos[:, None, :]).float()  # (B, T, S)
+    """Broadcastable query and key positions -> (..., H): -slope * distance (|q - k| when bidirectional)."""
+    distance = (query_pos - key_pos).float()
     distance = distance.clamp(min=0) if causal else distance.abs()
-    slopes = alibi_slopes(num_heads).to(query_pos.device)
-    return -slopes[None, :, None, None] * distance[:, None]
+    return -distance[..., None] * alibi_slopes(num_heads).to(distance.device)
 
 
 def relative_position_bucket(
@@ -165,12 +165,18 @@ def relative_position_bucket(
 class Attention(nn.Module):
     """Multi-head attention with MHA/GQA/MQA, optional RoPE, KV cache and cross-attention."""
 
-    def __init__(self, config, layer_idx: int, *, is_causal: bool, is_cross_attention: bool = False):
+    def __init__(
+        self, config, layer_idx: int, *, is_causal: bool, layer_type: str = "full_attention", is_cross_attention: bool = False
+    ):
         super().__init__()
         self.config = config
         self.layer_idx = layer_idx
         self.is_causal = is_causal
         self.is_cross_attention = is_cross_attention
+        # The layer type picks the backend under a per-layer mapping; cross-attention follows its block.
+        self.layer_type = layer_type
+        windowed = layer_type != "full_attention" and not is_cross_attention
+        self.sliding_window = config.sliding_window if windowed else None
         self.num_heads = config.num_attention_heads
         self.num_key_value_heads = config.num_key_value_heads
         self.num_key_value_groups = self.num_heads // self.num_key_value_heads
@@ -192,13 +198,22 @@ class Attention(nn.Module):
     def forward(
         self,
         hidden_states: torch.Tensor,
-        attention_mask: torch.Tensor | None,
+        attention_mask,
         *,
+        pattern: AttentionPattern | None = None,
         rope: tuple[torch.Tensor, torch.Tensor] | None = None,
         key_value_states: torch.Tensor | None = None,
         cache: Cache | None = None,
         output_attentions: bool = False,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """
+        Args:
+            hidden_states: (B, T, E).
+            attention_mask: the mask lowered for this layer's backend (see masks.py).
+            pattern: the pattern it was lowered from, to recompute weights for `output_attentions`.
+            rope: (cos, sin), each (B, T, D).
+            key_value_states: (B, S, E) encoder output, for cross-attention.
+        """
         b, t, _ = hidden_states.shape
         q = (
             self.q_proj(hidden_states).view(b, t, self.num_heads, self.head_dim).transpose(1, 2)
@@ -236,10 +251,11 @@ class Attention(nn.Module):
             attention_mask,
             scaling=self.scaling,
             dropout=self.attention_dropout if self.training else 0.0,
+            sliding_window=self.sliding_window,
         )
         if output_attentions and weights is None:
             # Fast kernels do not return probabilities: recompute them for this layer only.
-            weights = attention_probabilities(self, q, k, attention_mask, self.scaling).to(q.dtype)
+            weights = attention_weights(self, q, k, pattern, self.scaling).to(q.dtype)
         out = self.o_proj(out.reshape(b, t, -1))  # (B, T, E)
         return out, (weights if output_attentions else None)
 
@@ -250,13 +266,16 @@ class Attention(nn.Module):
 class Block(GradientCheckpointingLayer):
     """Self-attention, optional cross-attention, MLP; each a residual branch, pre- or post-norm."""
 
-    def __init__(self, config, layer_idx: int, *, is_causal: bool, cross_attention: bool):
+    def __init__(
+        self, config, layer_idx: int, *, is_causal: bool, cross_attention: bool, layer_type: str = "full_attention"
+    ):
         super().__init__()
         self.pre_norm = config.pre_norm
-        self.self_attn = Attention(config, layer_idx, is_causal=is_causal)
+        self.layer_type = layer_type
+        self.self_attn = Attention(config, layer_idx, is_causal=is_causal, layer_type=layer_type)
         self.self_attn_norm = make_norm(config)
         self.cross_attn = (
-            Attention(config, layer_idx, is_causal=False, is_cross_attention=True)
+            Attention(config, layer_idx, is_causal=False, layer_type=layer_type, is_cross_attention=True)
             if cross_attention
             else None
         )
@@ -276,10 +295,12 @@ class Block(GradientCheckpointingLayer):
     def forward(
         self,
         hidden_states: torch.Tensor,
-        attention_mask: torch.Tensor | None = None,
+        attention_mask=None,
         rope: tuple[torch.Tensor, torch.Tensor] | None = None,
         encoder_hidden_states: torch.Tensor | None = None,
-        encoder_attention_mask: torch.Tensor | None = None,
+        encoder_attention_mask=None,
+        pattern: AttentionPattern | None = None,
+        cross_pattern: AttentionPattern | None = None,
         cache: Cache | None = None,
         output_attentions: bool = False,
     ):
@@ -287,7 +308,7 @@ class Block(GradientCheckpointingLayer):
             hidden_states,
             self.self_attn_norm,
             lambda x: self.self_attn(
-                x, attention_mask, rope=rope, cache=cache, output_attentions=output_attentions
+                x, attention_mask, pattern=pattern, rope=rope, cache=cache, output_attentions=output_attentions
             ),
         )
         cross_weights = None
@@ -298,6 +319,7 @@ class Block(GradientCheckpointingLayer):
                 lambda x: self.cross_attn(
                     x,
                     encoder_attention_mask,
+                    pattern=cross_pattern,
                     key_value_states=encoder_hidden_states,
                     cache=cache,
                     output_attentions=output_attentions,

@@ -1,119 +1,243 @@
-"""Attention masks: predicates over (batch, head, query index, key index), lowered per backend.
+"""Attention patterns: which keys each query may see, as predicates, lowered per backend.
 
-A predicate is a function `pred(b, h, q, k) -> bool tensor` on broadcastable index tensors: the
-`mask_mod` convention of torch's flex attention, so the same predicates can later be compiled into
-a BlockMask. Models combine predicates once per forward (`and_masks`, `or_masks`), and
-`lower_mask` turns the result into what the chosen backend consumes. Layers never build masks.
+A pattern is built once per forward for each attention kind (each self-attention layer type, and
+cross-attention) and lowered once for the backend that runs it. Layers never build masks.
 
-Query indices are positions in the key sequence: with a cache holding P tokens, query i of this
-step has index P + i.
+Predicates take broadcastable index tensors `(b, q, k)`: batch row, absolute query index and
+absolute key index (a query of this step with P tokens cached has index P + i; a key at position j
+of the key tensor handed to attention has index `key_offset + j`, which is nonzero when a
+sliding-window cache dropped old keys). They are plain tensor expressions, so they evaluate densely
+(eager, sdpa), on gathered blocks (sparse) and under vmap (flex's `mask_mod`), and every backend
+therefore computes the same function.
+
+    allowed(q, k) = in_cache(k) & not_padding(k) & [k <= q if causal] & structure(q, k)
+
+    structure: full            True
+               sliding         window(q, k)
+               sliding_global  window(q, k) | global(k) | global(q)
+               bigbird         window(q, k) | global(k) | global(q) | random_block(q, k)
+    window:    0 <= q - k < w (causal), |q - k| < w (bidirectional), w = `sliding_window`
 
 Lowered forms (B batch, H heads, T queries, S keys):
-    eager: additive float (B, 1 or H, T, S), 0 where allowed and -inf elsewhere, plus any position
-           bias; or None when nothing is masked and there is no bias.
-    sdpa:  bool (B, 1, T, S), True where allowed; additive float when there is a position bias; or
-           None when the kernel's own `is_causal` (or no mask at all) computes the same thing.
+    eager   additive float (B, 1 or H, T, S): 0 allowed, -inf not, plus position bias; or None
+    sdpa    bool (B, 1, T, S), additive float with a bias, or None when `is_causal` (or nothing) says it
+    sparse  a `BlockLayout` (see sparse.py); full layers take the sdpa form
+    flex_attention     a BlockMask built from the same predicate
+    flash_attention_2  a (B, S) padding mask or None; the window goes to the kernel as `sliding_window`
+    sdpa_fa            None only (the kernel can apply no mask but `is_causal`)
 """
 
 from __future__ import annotations
 
+import random
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 
-Predicate = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+PATTERN_KINDS = {
+    "full_attention": "full",
+    "sliding_attention": "sliding",
+    "sliding_global_attention": "sliding_global",
+    "bigbird_attention": "bigbird",
+}
 
 
-def causal_mask() -> Predicate:
-    def pred(b, h, q, k):
-        return k <= q
-
-    return pred
-
-
-def padding_mask(key_valid: torch.Tensor) -> Predicate:
-    """key_valid (B, S) bool: False for padding keys."""
-
-    def pred(b, h, q, k):
-        return key_valid[b, k]
-
-    return pred
-
-
-def and_masks(*preds: Predicate) -> Predicate:
-    def pred(b, h, q, k):
-        out = preds[0](b, h, q, k)
-        for p in preds[1:]:
-            out = out & p(b, h, q, k)
-        return out
-
-    return pred
-
-
-def or_masks(*preds: Predicate) -> Predicate:
-    def pred(b, h, q, k):
-        out = preds[0](b, h, q, k)
-        for p in preds[1:]:
-            out = out | p(b, h, q, k)
-        return out
-
-    return pred
-
-
-def materialize(
-    pred: Predicate, batch: int, query_offset: int, query_length: int, key_length: int, device
+def random_block_table(
+    seed: int, n_query_blocks: int, n_key_blocks: int, per_block: int, causal: bool, device=None
 ) -> torch.Tensor:
-    """Evaluate `pred` densely: (B, 1, T, S) bool."""
-    b = torch.arange(batch, device=device)[:, None, None, None]
-    h = torch.zeros(1, dtype=torch.long, device=device)[None, :, None, None]
-    q = torch.arange(query_offset, query_offset + query_length, device=device)[None, None, :, None]
-    k = torch.arange(key_length, device=device)[None, None, None, :]
-    return pred(b, h, q, k).expand(batch, 1, query_length, key_length)
+    """BigBird's random key blocks: (n_query_blocks, n_key_blocks) bool.
 
-
-def lower_mask(
-    backend: str,
-    *,
-    batch: int,
-    query_length: int,
-    key_length: int,
-    causal: bool,
-    key_valid: torch.Tensor | None,
-    bias: torch.Tensor | None,
-    dtype: torch.dtype,
-    device,
-) -> torch.Tensor | None:
-    """Build the mask `backend` consumes for one attention kind (self or cross) of one forward.
-
-    Args:
-        causal: keys after the query are hidden (queries sit at the end of the key sequence).
-        key_valid: (B, S) bool, False for padding keys; None when there is no padding.
-        bias: additive position bias broadcastable to (B, H, T, S), or None.
+    Query block j draws `per_block` distinct key blocks (from blocks <= j when causal) with Python's
+    `random.Random` seeded by (seed, j, n_key_blocks): the same layout in every process and on every
+    backend, and a block's draw does not change as a causal sequence grows.
     """
-    if key_valid is not None and bool(key_valid.all()):
-        key_valid = None
-    offset = key_length - query_length
-    # Without a cache, or for a single new token, a causal mask is exactly the kernel's own `is_causal`.
-    causal_is_trivial = not causal or query_length == 1
-    if key_valid is None and bias is None:
-        if backend == "sdpa" and (not causal or offset == 0 or query_length == 1):
+    table = torch.zeros(n_query_blocks, n_key_blocks, dtype=torch.bool)
+    for j in range(n_query_blocks):
+        choices = range(min(j + 1, n_key_blocks)) if causal else range(n_key_blocks)
+        rng = random.Random(seed * 1_000_003 + j * 8_191 + (0 if causal else n_key_blocks))
+        picked = rng.sample(list(choices), min(per_block, len(choices)))
+        table[j, picked] = True
+    return table.to(device)
+
+
+@dataclass
+class AttentionPattern:
+    """Everything needed to say whether query q may attend key k in one attention of one forward.
+
+    Attributes:
+        kind: "full", "sliding", "sliding_global" or "bigbird".
+        query_offset, query_length: absolute index of the first query, number of queries T.
+        key_offset, key_length: absolute index of the first key in the key tensor, its length S.
+        total_length: tokens seen so far (P + T); key slots at or beyond it are empty cache rows.
+        key_valid: (B, S) False for padding keys, or None.
+        global_keys: (B, S) keys everyone attends; global_queries: (B, T) queries attending all.
+        random_table: (blocks of queries, blocks of keys) bool, for bigbird.
+        bias_fn, query_pos, key_pos: additive position bias from positions (B, T) and (B, S);
+            `bias_fn(q_pos, k_pos)` broadcasts and returns (..., H).
+    """
+
+    kind: str
+    causal: bool
+    batch: int
+    query_offset: int
+    query_length: int
+    key_offset: int
+    key_length: int
+    total_length: int
+    device: torch.device
+    key_valid: torch.Tensor | None = None
+    window: int | None = None
+    global_keys: torch.Tensor | None = None
+    global_queries: torch.Tensor | None = None
+    random_table: torch.Tensor | None = None
+    block_size: int = 64
+    bias_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None
+    query_pos: torch.Tensor | None = None
+    key_pos: torch.Tensor | None = None
+
+    # Predicates ---------------------------------------------------------------------------------
+
+    def window_predicate(self, q, k):
+        d = q - k
+        return (d < self.window) if self.causal else (d.abs() < self.window)
+
+    def allowed(self, b, q, k) -> torch.Tensor:
+        """The pattern at absolute indices; any broadcastable integer tensors."""
+        local = k - self.key_offset
+        ok = (local >= 0) & (local < self.key_length) & (k < self.total_length)
+        safe = local.clamp(0, self.key_length - 1)
+        if self.key_valid is not None:
+            ok = ok & self.key_valid[b, safe]
+        if self.causal:
+            ok = ok & (k <= q)
+        if self.kind == "full":
+            return ok
+        structure = self.window_predicate(q, k)
+        if self.global_keys is not None:
+            structure = structure | self.global_keys[b, safe]
+        if self.global_queries is not None:
+            row = (q - self.query_offset).clamp(0, self.query_length - 1)
+            structure = structure | self.global_queries[b, row]
+        if self.random_table is not None:
+            qb = (q // self.block_size).clamp(max=self.random_table.shape[0] - 1)
+            kb = (k // self.block_size).clamp(0, self.random_table.shape[1] - 1)
+            structure = structure | self.random_table[qb, kb]
+        return ok & structure
+
+    def mask_mod(self):
+        """The predicate with flex attention's signature, on local query and key indices."""
+
+        def mod(b, h, q_idx, kv_idx):
+            return self.allowed(b, q_idx + self.query_offset, kv_idx + self.key_offset)
+
+        return mod
+
+    # Dense forms --------------------------------------------------------------------------------
+
+    def dense_allowed(self, rows: slice = slice(None)) -> torch.Tensor:
+        """(B, 1, t, S) bool for the query rows `rows`."""
+        q_local = torch.arange(self.query_length, device=self.device)[rows]
+        b = torch.arange(self.batch, device=self.device)[:, None, None, None]
+        q = (q_local + self.query_offset)[None, None, :, None]
+        k = (torch.arange(self.key_length, device=self.device) + self.key_offset)[None, None, None, :]
+        return self.allowed(b, q, k).expand(self.batch, 1, q.shape[2], self.key_length)
+
+    def dense_bias(self, rows: slice = slice(None)) -> torch.Tensor | None:
+        """(B, H, t, S) additive position bias for the query rows `rows`, or None."""
+        if self.bias_fn is None:
             return None
-        if causal_is_trivial:
-            return None
-    preds = []
-    if causal and query_length > 1:
-        preds.append(causal_mask())
-    if key_valid is not None:
-        preds.append(padding_mask(key_valid))
-    if preds:
-        allowed = materialize(and_masks(*preds), batch, offset, query_length, key_length, device)
-    else:
-        allowed = None
-    if bias is None and backend == "sdpa":
-        return allowed
-    if allowed is None:
-        return bias.to(dtype)
-    zeros = torch.zeros((), dtype=dtype, device=device)
-    neg_inf = torch.full((), float("-inf"), dtype=dtype, device=device)
-    additive = torch.where(allowed, zeros, neg_inf)
-    return additive if bias is None else additive + bias.to(dtype)
+        bias = self.bias_fn(self.query_pos[:, rows, None], self.key_pos[:, None, :])  # (B, t, S, H)
+        return bias.permute(0, 3, 1, 2)
+
+    def rows_additive(self, rows: torch.Tensor, dtype) -> torch.Tensor:
+        """Additive mask (B, 1 or H, R, S) of the local query rows `rows` (B, R), one set per batch row."""
+        b = torch.arange(self.batch, device=self.device)[:, None, None, None]
+        q = (rows + self.query_offset)[:, None, :, None]
+        k = (torch.arange(self.key_length, device=self.device) + self.key_offset)[None, None, None, :]
+        allowed = self.allowed(b, q, k)  # (B, 1, R, S)
+        neg_inf = torch.full((), float("-inf"), dtype=dtype, device=self.device)
+        if self.bias_fn is None:
+            return torch.where(allowed, torch.zeros((), dtype=dtype, device=self.device), neg_inf)
+        q_pos = torch.gather(self.query_pos, 1, rows)[:, :, None]
+        bias = self.bias_fn(q_pos, self.key_pos[:, None, :]).permute(0, 3, 1, 2)
+        return torch.where(allowed, bias.to(dtype), neg_inf)
+
+    def is_trivial(self) -> bool:
+        """True when nothing is masked beyond what `is_causal` (or no mask) expresses, and no bias."""
+        if self.kind != "full" or self.bias_fn is not None or self.key_valid is not None:
+            return False
+        if self.key_offset != 0 or self.key_length != self.total_length:
+            return False
+        return not self.causal or self.query_length == 1 or self.query_offset == 0
+
+    def additive(self, dtype, rows: slice = slice(None)) -> torch.Tensor:
+        """(B, 1 or H, t, S) additive float mask: bias where allowed, -inf elsewhere."""
+        allowed = self.dense_allowed(rows)
+        bias = self.dense_bias(rows)
+        zero = torch.zeros((), dtype=dtype, device=self.device)
+        neg_inf = torch.full((), float("-inf"), dtype=dtype, device=self.device)
+        if bias is None:
+            return torch.where(allowed, zero, neg_inf)
+        return torch.where(allowed, bias.to(dtype), neg_inf)
+
+
+# Lowering ---------------------------------------------------------------------------------------
+
+
+def lower_eager(pattern: AttentionPattern, dtype):
+    if pattern.is_trivial() and not pattern.causal:
+        return None
+    return pattern.additive(dtype)
+
+
+def lower_sdpa(pattern: AttentionPattern, dtype):
+    if pattern.is_trivial():
+        return None
+    if pattern.bias_fn is not None:
+        return pattern.additive(dtype)
+    return pattern.dense_allowed()
+
+
+def lower_flex(pattern: AttentionPattern, dtype):
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    return create_block_mask(
+        pattern.mask_mod(), pattern.batch, None, pattern.query_length, pattern.key_length, device=pattern.device
+    )
+
+
+def lower_flash(pattern: AttentionPattern, dtype):
+    """flash-attn takes a key padding mask; causality and the window are kernel arguments."""
+    if pattern.kind not in ("full", "sliding") or pattern.bias_fn is not None:
+        raise ValueError(
+            f"flash_attention_2 cannot compute a {pattern.kind!r} pattern or a position bias; use 'sparse' or 'sdpa'"
+        )
+    if pattern.key_valid is None:
+        return None
+    return pattern.key_valid.long()
+
+
+def lower_sdpa_fa(pattern: AttentionPattern, dtype):
+    if not pattern.is_trivial():
+        raise ValueError(
+            "attn_implementation='sdpa_fa' (SDPA pinned to its FlashAttention kernel) can apply no mask but plain "
+            f"causality, and this batch needs one (pattern={pattern.kind!r}, padding={pattern.key_valid is not None}, "
+            f"position bias={pattern.bias_fn is not None}, cached chunk={pattern.query_offset > 0 and pattern.query_length > 1}); "
+            "use 'sdpa', 'sparse' or 'flash_attention_2'"
+        )
+    return None
+
+
+LOWERINGS: dict[str, Callable] = {
+    "eager": lower_eager,
+    "sdpa": lower_sdpa,
+    "flex_attention": lower_flex,
+    "flash_attention_2": lower_flash,
+    "sdpa_fa": lower_sdpa_fa,
+}
+
+
+def lower(pattern: AttentionPattern, backend: str, dtype):
+    """The mask `backend` consumes for `pattern` (`sparse` registers its lowering from sparse.py)."""
+    return LOWERINGS[backend](pattern, dtype)

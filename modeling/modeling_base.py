@@ -37,7 +37,7 @@ class SwapformerPreTrainedModel(PreTrainedModel):
         """Called by transformers whenever a backend is chosen (`from_config`, `from_pretrained`,
         `set_attn_implementation`): this is where impossible combinations fail, never in forward."""
         name = "sdpa" if requested_attention is None else requested_attention
-        check_backend_for_model(name, self)
+        check_backend_for_model(name, self, is_init_check=is_init_check)
         return name
 
     # Initialisation -----------------------------------------------------------------------------

@@ -33,7 +33,9 @@ class DecoderModel(StackMixin, DecoderPreTrainedModel):
 
     def __init__(self, config: DecoderConfig):
         super().__init__(config)
-        self.init_stack(config, num_layers=config.num_hidden_layers, causal=True, cross_attention=False)
+        self.init_stack(
+            config, num_layers=config.num_hidden_layers, causal=True, cross_attention=False, layer_types=config.layer_types
+        )
         self.gradient_checkpointing = False  # set by activation_checkpointing_enable
         self.post_init()
 
@@ -49,12 +51,15 @@ class DecoderModel(StackMixin, DecoderPreTrainedModel):
         output_hidden_states: bool | None = None,
         return_dict: bool | None = None,
         past_key_values: Cache | None = None,
+        global_attention_mask: torch.Tensor | None = None,
     ) -> BaseModelOutputWithPast | tuple:
         """
         Args:
             attention_mask: (B, P + T) over cached and new tokens, 1 for tokens, 0 for padding.
             cache: a transformers `Cache` holding P tokens (`past_key_values` is its old name).
             use_cache: create a `DynamicCache` when none is given and return it.
+            global_attention_mask: (B, P + T), 1 for tokens that attend to and are attended by all
+                tokens (before them) in sliding_global/bigbird layers.
         """
         cfg = self.config
         cache = resolve_cache_argument(cache, past_key_values)
@@ -68,6 +73,7 @@ class DecoderModel(StackMixin, DecoderPreTrainedModel):
             attention_mask=attention_mask,
             position_ids=position_ids,
             cache=cache,
+            global_attention_mask=global_attention_mask,
             output_attentions=cfg.output_attentions if output_attentions is None else output_attentions,
             output_hidden_states=cfg.output_hidden_states
             if output_hidden_states is None
@@ -104,6 +110,7 @@ class DecoderForCausalLM(DecoderPreTrainedModel, GenerationMixin):
         logits_to_keep: int | torch.Tensor = 0,
         num_items_in_batch: int | torch.Tensor | None = None,
         past_key_values: Cache | None = None,
+        global_attention_mask: torch.Tensor | None = None,
     ) -> CausalLMOutputWithPast | tuple:
         """
         Args:
@@ -121,6 +128,7 @@ class DecoderForCausalLM(DecoderPreTrainedModel, GenerationMixin):
             use_cache=use_cache,
             output_attentions=output_attentions,
             output_hidden_states=output_hidden_states,
+            global_attention_mask=global_attention_mask,
             return_dict=True,
         )
         logits = self.lm_head(keep_positions(out.last_hidden_state, logits_to_keep))
@@ -159,6 +167,7 @@ class DecoderForSequenceClassification(DecoderPreTrainedModel):
         output_hidden_states: bool | None = None,
         return_dict: bool | None = None,
         past_key_values: Cache | None = None,
+        global_attention_mask: torch.Tensor | None = None,
     ) -> SequenceClassifierOutputWithPast | tuple:
         """The last token is the last one with attention_mask 1 (left or right padding), else
         the last one that is not `pad_token_id`, else the last position."""
@@ -171,6 +180,7 @@ class DecoderForSequenceClassification(DecoderPreTrainedModel):
             use_cache=use_cache,
             output_attentions=output_attentions,
             output_hidden_states=output_hidden_states,
+            global_attention_mask=global_attention_mask,
             return_dict=True,
         )
         logits = self.score(out.last_hidden_state)  # (B, T, num_labels)

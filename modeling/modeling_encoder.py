@@ -34,7 +34,12 @@ class EncoderModel(StackMixin, EncoderPreTrainedModel):
     def __init__(self, config: EncoderConfig):
         super().__init__(config)
         self.init_stack(
-            config, num_layers=config.num_hidden_layers, causal=False, cross_attention=False, token_types=True
+            config,
+            num_layers=config.num_hidden_layers,
+            causal=False,
+            cross_attention=False,
+            layer_types=config.layer_types,
+            token_types=True,
         )
         self.post_init()
 
@@ -48,7 +53,10 @@ class EncoderModel(StackMixin, EncoderPreTrainedModel):
         output_attentions: bool | None = None,
         output_hidden_states: bool | None = None,
         return_dict: bool | None = None,
+        global_attention_mask: torch.Tensor | None = None,
     ) -> BaseModelOutput | tuple:
+        """global_attention_mask: (B, T), 1 for tokens that attend to and are attended by all tokens
+        in sliding_global/bigbird layers (e.g. the CLS token, question tokens)."""
         cfg = self.config
         h, hidden, attns, _ = self.forward_stack(
             input_ids=input_ids,
@@ -56,6 +64,7 @@ class EncoderModel(StackMixin, EncoderPreTrainedModel):
             attention_mask=attention_mask,
             position_ids=position_ids,
             token_type_ids=token_type_ids,
+            global_attention_mask=global_attention_mask,
             output_attentions=cfg.output_attentions if output_attentions is None else output_attentions,
             output_hidden_states=cfg.output_hidden_states
             if output_hidden_states is None
@@ -107,17 +116,19 @@ class EncoderForMaskedLM(EncoderPreTrainedModel):
         output_attentions=None,
         output_hidden_states=None,
         return_dict=None,
+        global_attention_mask=None,
         num_items_in_batch: int | torch.Tensor | None = None,
     ) -> MaskedLMOutput | tuple:
         """labels: (B, T) token ids at masked positions, -100 elsewhere."""
         out = self.model(
-            input_ids,
-            attention_mask,
-            token_type_ids,
-            position_ids,
-            inputs_embeds,
-            output_attentions,
-            output_hidden_states,
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            token_type_ids=token_type_ids,
+            position_ids=position_ids,
+            inputs_embeds=inputs_embeds,
+            output_attentions=output_attentions,
+            output_hidden_states=output_hidden_states,
+            global_attention_mask=global_attention_mask,
             return_dict=True,
         )
         logits = self.lm_head(out.last_hidden_state)
@@ -164,16 +175,18 @@ class EncoderForSequenceClassification(EncoderPreTrainedModel):
         output_attentions=None,
         output_hidden_states=None,
         return_dict=None,
+        global_attention_mask=None,
     ) -> SequenceClassifierOutput | tuple:
         """labels: (B,) class ids, (B,) floats for regression, or (B, num_labels) multi-label targets."""
         out = self.model(
-            input_ids,
-            attention_mask,
-            token_type_ids,
-            position_ids,
-            inputs_embeds,
-            output_attentions,
-            output_hidden_states,
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            token_type_ids=token_type_ids,
+            position_ids=position_ids,
+            inputs_embeds=inputs_embeds,
+            output_attentions=output_attentions,
+            output_hidden_states=output_hidden_states,
+            global_attention_mask=global_attention_mask,
             return_dict=True,
         )
         logits = self.classifier(out.last_hidden_state)
@@ -208,17 +221,19 @@ class EncoderForTokenClassification(EncoderPreTrainedModel):
         output_attentions=None,
         output_hidden_states=None,
         return_dict=None,
+        global_attention_mask=None,
         num_items_in_batch: int | torch.Tensor | None = None,
     ) -> TokenClassifierOutput | tuple:
         """labels: (B, T) class ids, -100 where no loss is taken."""
         out = self.model(
-            input_ids,
-            attention_mask,
-            token_type_ids,
-            position_ids,
-            inputs_embeds,
-            output_attentions,
-            output_hidden_states,
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            token_type_ids=token_type_ids,
+            position_ids=position_ids,
+            inputs_embeds=inputs_embeds,
+            output_attentions=output_attentions,
+            output_hidden_states=output_hidden_states,
+            global_attention_mask=global_attention_mask,
             return_dict=True,
         )
         logits = self.classifier(self.dropout(out.last_hidden_state))
@@ -250,17 +265,19 @@ class EncoderForQuestionAnswering(EncoderPreTrainedModel):
         output_attentions=None,
         output_hidden_states=None,
         return_dict=None,
+        global_attention_mask=None,
     ) -> QuestionAnsweringModelOutput | tuple:
         """start_positions, end_positions: (B,) token indices of the answer span; positions outside
         the sequence are ignored by the loss."""
         out = self.model(
-            input_ids,
-            attention_mask,
-            token_type_ids,
-            position_ids,
-            inputs_embeds,
-            output_attentions,
-            output_hidden_states,
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            token_type_ids=token_type_ids,
+            position_ids=position_ids,
+            inputs_embeds=inputs_embeds,
+            output_attentions=output_attentions,
+            output_hidden_states=output_hidden_states,
+            global_attention_mask=global_attention_mask,
             return_dict=True,
         )
         start_logits, end_logits = self.qa_outputs(out.last_hidden_state).unbind(-1)  # (B, T) each

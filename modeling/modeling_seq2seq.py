@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 from torch import nn
-from transformers.cache_utils import Cache, DynamicCache, EncoderDecoderCache
+from transformers.cache_utils import Cache, DynamicCache, DynamicLayer, EncoderDecoderCache
 from transformers.generation import GenerationMixin
 from transformers.modeling_outputs import (
     BaseModelOutput,
@@ -39,6 +39,16 @@ def shift_tokens_right(
     return shifted.masked_fill(shifted == -100, pad_token_id)
 
 
+def keep_all_encoder_keys(cache: EncoderDecoderCache) -> None:
+    """Cross-attention reads every encoder key at every step. transformers builds the cross-attention
+    cache from the decoder's layer types, so a sliding decoder layer would get a windowed cache that
+    drops encoder keys; such layers are replaced by plain ones before anything is stored."""
+    layers = cache.cross_attention_cache.layers
+    for i, layer in enumerate(layers):
+        if getattr(layer, "is_sliding", False) and not cache.is_updated.get(i):
+            layers[i] = DynamicLayer()
+
+
 class Seq2SeqStack(StackMixin, nn.Module):
     """One half of the encoder-decoder. The encoder half is what `get_encoder()` returns."""
 
@@ -53,6 +63,7 @@ class Seq2SeqStack(StackMixin, nn.Module):
             num_layers=config.decoder_layers if decoder else config.num_hidden_layers,
             causal=decoder,
             cross_attention=decoder,
+            layer_types=config.decoder_layer_types if decoder else config.layer_types,
             embed_tokens=embed_tokens,
         )
 
@@ -68,6 +79,7 @@ class Seq2SeqStack(StackMixin, nn.Module):
         output_attentions: bool | None = None,
         output_hidden_states: bool | None = None,
         return_dict: bool | None = None,
+        global_attention_mask: torch.Tensor | None = None,
     ):
         cfg = self.config
         if self.is_decoder and encoder_hidden_states is None:
@@ -80,6 +92,7 @@ class Seq2SeqStack(StackMixin, nn.Module):
             cache=cache,
             encoder_hidden_states=encoder_hidden_states,
             encoder_attention_mask=encoder_attention_mask,
+            global_attention_mask=global_attention_mask,
             output_attentions=cfg.output_attentions if output_attentions is None else output_attentions,
             output_hidden_states=cfg.output_hidden_states
             if output_hidden_states is None
@@ -164,12 +177,14 @@ class Seq2SeqModel(Seq2SeqPreTrainedModel):
         output_hidden_states: bool | None = None,
         return_dict: bool | None = None,
         past_key_values: Cache | None = None,
+        global_attention_mask: torch.Tensor | None = None,
     ) -> Seq2SeqModelOutput | tuple:
         """
         Args:
             attention_mask: (B, S_enc) padding mask of the encoder input (also masks cross-attention).
             decoder_attention_mask: (B, P + T) padding mask of the decoder input.
             encoder_outputs: a previous encoder output, reused instead of running the encoder.
+            global_attention_mask: (B, S_enc) global tokens of the encoder input.
             cache: an `EncoderDecoderCache` (self-attention and cross-attention keys/values).
         """
         cfg = self.config
@@ -181,6 +196,7 @@ class Seq2SeqModel(Seq2SeqPreTrainedModel):
                 inputs_embeds=inputs_embeds,
                 output_attentions=output_attentions,
                 output_hidden_states=output_hidden_states,
+                global_attention_mask=global_attention_mask,
                 return_dict=True,
             )
         elif not isinstance(encoder_outputs, BaseModelOutput):
@@ -192,6 +208,8 @@ class Seq2SeqModel(Seq2SeqPreTrainedModel):
         use_cache = cfg.use_cache if use_cache is None else use_cache
         if use_cache and cache is None and not (self.training and self.gradient_checkpointing):
             cache = EncoderDecoderCache(DynamicCache(config=cfg), DynamicCache(config=cfg))
+        if isinstance(cache, EncoderDecoderCache):
+            keep_all_encoder_keys(cache)
         dec = self.decoder(
             input_ids=decoder_input_ids,
             attention_mask=decoder_attention_mask,
@@ -253,6 +271,7 @@ class Seq2SeqForConditionalGeneration(Seq2SeqPreTrainedModel, GenerationMixin):
         logits_to_keep: int | torch.Tensor = 0,
         num_items_in_batch: int | torch.Tensor | None = None,
         past_key_values: Cache | None = None,
+        global_attention_mask: torch.Tensor | None = None,
     ) -> Seq2SeqLMOutput | tuple:
         """
         Args:
@@ -275,6 +294,7 @@ class Seq2SeqForConditionalGeneration(Seq2SeqPreTrainedModel, GenerationMixin):
             use_cache=use_cache,
             output_attentions=output_attentions,
             output_hidden_states=output_hidden_states,
+            global_attention_mask=global_attention_mask,
             return_dict=True,
         )
         logits = self.lm_head(keep_positions(out.last_hidden_state, logits_to_keep))

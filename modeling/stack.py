@@ -13,10 +13,25 @@ from __future__ import annotations
 
 import torch
 from torch import nn
-from transformers.cache_utils import Cache
+from transformers.cache_utils import (
+    DYNAMIC_LAYER_TYPE_MAPPING,
+    STATIC_LAYER_TYPE_MAPPING,
+    Cache,
+    DynamicLayer,
+    StaticLayer,
+)
 
 from .layers import Block, alibi_bias, make_norm, relative_position_bucket, rope_cos_sin, sinusoidal_embedding
-from .masks import lower_mask
+from .masks import PATTERN_KINDS, AttentionPattern, lower, random_block_table
+
+
+# transformers builds cache layers from `config.layer_types`. Sliding layers already have a windowed
+# cache there; window + global (+ random) layers must keep every key, since global tokens (and random
+# blocks) stay visible to all later queries. Registering is what makes `DynamicCache(config=...)`,
+# which generate() builds, accept swapformer's layer types.
+for _layer_type in ("sliding_global_attention", "bigbird_attention"):
+    DYNAMIC_LAYER_TYPE_MAPPING.setdefault(_layer_type, DynamicLayer)
+    STATIC_LAYER_TYPE_MAPPING.setdefault(_layer_type, StaticLayer)
 
 
 def positions_from_mask(key_valid: torch.Tensor | None, batch: int, total: int, device) -> torch.Tensor:
@@ -37,13 +52,13 @@ class StackMixin:
         num_layers: int,
         causal: bool,
         cross_attention: bool,
+        layer_types: list[str],
         embed_tokens: nn.Embedding | None = None,
         token_types: bool = False,
     ) -> None:
         self.causal = causal
-        self.embed_tokens = (
-            embed_tokens if embed_tokens is not None else nn.Embedding(config.vocab_size, config.hidden_size)
-        )
+        self.layer_types = list(layer_types)
+        self.embed_tokens = embed_tokens if embed_tokens is not None else nn.Embedding(config.vocab_size, config.hidden_size)
         self.embed_scale = config.hidden_size**0.5 if config.scale_embeddings else 1.0
         self.token_type_embeddings = (
             nn.Embedding(config.type_vocab_size, config.hidden_size)
@@ -63,7 +78,10 @@ class StackMixin:
         self.embed_norm = make_norm(config) if config.embedding_norm else None
         self.embed_dropout = nn.Dropout(config.hidden_dropout)
         self.layers = nn.ModuleList(
-            [Block(config, i, is_causal=causal, cross_attention=cross_attention) for i in range(num_layers)]
+            [
+                Block(config, i, is_causal=causal, cross_attention=cross_attention, layer_type=layer_types[i])
+                for i in range(num_layers)
+            ]
         )
         self.norm = make_norm(config) if config.pre_norm else None
 
@@ -91,20 +109,71 @@ class StackMixin:
             h = self.embed_norm(h)
         return self.embed_dropout(h)
 
-    def position_bias(self, query_pos: torch.Tensor, key_pos: torch.Tensor) -> torch.Tensor | None:
-        """Additive score bias (B, H, T, S) for ALiBi and T5 relative positions, else None."""
-        kind = self.config.position_embedding_type
-        if kind == "alibi":
+    def pair_bias(self, query_pos: torch.Tensor, key_pos: torch.Tensor) -> torch.Tensor:
+        """Additive score bias (..., H) for broadcastable query and key positions (ALiBi, T5)."""
+        if self.config.position_embedding_type == "alibi":
             return alibi_bias(query_pos, key_pos, self.config.num_attention_heads, self.causal)
-        if kind == "relative_bias":
-            buckets = relative_position_bucket(
-                key_pos[:, None, :] - query_pos[:, :, None],  # (B, T, S)
-                bidirectional=not self.causal,
-                num_buckets=self.config.relative_attention_num_buckets,
-                max_distance=self.config.relative_attention_max_distance,
+        buckets = relative_position_bucket(
+            key_pos - query_pos,
+            bidirectional=not self.causal,
+            num_buckets=self.config.relative_attention_num_buckets,
+            max_distance=self.config.relative_attention_max_distance,
+        )
+        return self.relative_attention_bias(buckets)
+
+    def self_attention_patterns(self, *, batch, t, past, cache, key_valid, key_pos, query_pos, global_mask, device):
+        """One `AttentionPattern` per layer type of this stack, sized by the cache layer it reads."""
+        cfg = self.config
+        total = past + t
+        has_bias = cfg.position_embedding_type in ("alibi", "relative_bias")
+        patterns = {}
+        for layer_type in dict.fromkeys(self.layer_types):
+            kind = PATTERN_KINDS[layer_type]
+            if cache is not None:
+                kv_length, kv_offset = cache.get_mask_sizes(t, self.layer_types.index(layer_type))
+            else:
+                kv_length, kv_offset = total, 0
+
+            def keys(x, fill):  # (B, total) -> the (B, kv_length) slice the cache layer hands over
+                if x is None:
+                    return None
+                x = x[:, kv_offset : kv_offset + kv_length]
+                return nn.functional.pad(x, (0, kv_length - x.shape[1]), value=fill)
+
+            valid = keys(key_valid, False)
+            pattern = AttentionPattern(
+                kind=kind,
+                causal=self.causal,
+                batch=batch,
+                query_offset=past,
+                query_length=t,
+                key_offset=kv_offset,
+                key_length=kv_length,
+                total_length=total,
+                device=device,
+                key_valid=valid if valid is not None and not bool(valid[:, : total - kv_offset].all()) else None,
+                window=cfg.sliding_window,
+                block_size=cfg.attention_block_size,
+                bias_fn=self.pair_bias if has_bias else None,
+                query_pos=query_pos,
+                key_pos=keys(key_pos, 0),
             )
-            return self.relative_attention_bias(buckets).permute(0, 3, 1, 2)
-        return None
+            if kind in ("sliding_global", "bigbird"):
+                is_global = key_pos < cfg.global_tokens  # (B, total)
+                if global_mask is not None:
+                    is_global = is_global | global_mask.bool()
+                if key_valid is not None:
+                    is_global = is_global & key_valid
+                pattern.global_keys = keys(is_global, False)
+                pattern.global_queries = is_global[:, past:]
+            if kind == "bigbird":
+                bs = cfg.attention_block_size
+                n_key_blocks = -(-max(total, kv_offset + kv_length) // bs)
+                pattern.random_table = random_block_table(
+                    cfg.random_seed, -(-total // bs), n_key_blocks, cfg.num_random_blocks, self.causal, device
+                )
+            patterns[layer_type] = pattern
+        return patterns
 
     # Forward ------------------------------------------------------------------------------------
 
@@ -116,6 +185,7 @@ class StackMixin:
         attention_mask: torch.Tensor | None,
         position_ids: torch.Tensor | None = None,
         token_type_ids: torch.Tensor | None = None,
+        global_attention_mask: torch.Tensor | None = None,
         cache: Cache | None = None,
         encoder_hidden_states: torch.Tensor | None = None,
         encoder_attention_mask: torch.Tensor | None = None,
@@ -129,6 +199,8 @@ class StackMixin:
             input_ids: (B, T) token ids, or `inputs_embeds` (B, T, E).
             attention_mask: (B, P + T), 1 for tokens and 0 for padding.
             position_ids: (B, T) or (1, T); by default counted over non-padding tokens.
+            global_attention_mask: (B, P + T), 1 for tokens that attend to all and are attended by
+                all in `sliding_global_attention` and `bigbird_attention` layers.
             encoder_hidden_states: (B, S_enc, E) for cross-attention, with its padding mask
                 `encoder_attention_mask` (B, S_enc).
             input_prefix: "decoder_" when this is the decoder half of a seq2seq (for error messages).
@@ -150,6 +222,11 @@ class StackMixin:
         ref = input_ids if input_ids is not None else inputs_embeds
         b, t = ref.shape[:2]
         device = ref.device
+        if global_attention_mask is not None and tuple(global_attention_mask.shape) != (b, past + t):
+            raise ValueError(
+                f"{input_prefix}global_attention_mask has shape {tuple(global_attention_mask.shape)}; it needs "
+                f"(batch={b}, length={past + t}), one entry per cached and new token"
+            )
         key_valid = attention_mask.bool() if attention_mask is not None else None
         key_pos = positions_from_mask(key_valid, b, past + t, device)  # (B, S)
         if position_ids is None:
@@ -160,34 +237,25 @@ class StackMixin:
                 key_pos = position_ids
 
         h = self.embed(input_ids, inputs_embeds, token_type_ids, position_ids)
-        backend = config._attn_implementation or "eager"
         rope = None
         if config.position_embedding_type == "rope":
             rope = rope_cos_sin(position_ids, config.head_dim, config.rope_theta, h.dtype)
-        mask = lower_mask(
-            backend,
-            batch=b,
-            query_length=t,
-            key_length=past + t,
-            causal=self.causal,
-            key_valid=key_valid,
-            bias=self.position_bias(position_ids, key_pos),
-            dtype=h.dtype,
-            device=device,
+        patterns = self.self_attention_patterns(
+            batch=b, t=t, past=past, cache=cache, key_valid=key_valid, key_pos=key_pos,
+            query_pos=position_ids, global_mask=global_attention_mask, device=device,
         )
-        cross_mask = None
+        masks = {lt: lower(p, config.backend_for(lt), h.dtype) for lt, p in patterns.items()}
+        cross_pattern, cross_masks = None, {}
         if encoder_hidden_states is not None:
-            cross_mask = lower_mask(
-                backend,
-                batch=b,
-                query_length=t,
-                key_length=encoder_hidden_states.shape[1],
-                causal=False,
-                key_valid=encoder_attention_mask.bool() if encoder_attention_mask is not None else None,
-                bias=None,
-                dtype=h.dtype,
-                device=device,
+            s_enc = encoder_hidden_states.shape[1]
+            enc_valid = encoder_attention_mask.bool() if encoder_attention_mask is not None else None
+            cross_pattern = AttentionPattern(
+                kind="full", causal=False, batch=b, query_offset=past, query_length=t, key_offset=0,
+                key_length=s_enc, total_length=s_enc, device=device,
+                key_valid=enc_valid if enc_valid is not None and not bool(enc_valid.all()) else None,
             )
+            for lt in patterns:
+                cross_masks[lt] = lower(cross_pattern, config.backend_for(lt), h.dtype)
 
         all_hidden = [] if output_hidden_states else None
         self_attns = [] if output_attentions else None
@@ -195,13 +263,16 @@ class StackMixin:
         for block in self.layers:
             if all_hidden is not None:
                 all_hidden.append(h)
+            lt = block.layer_type
             # tensors positionally, so activation checkpointing tracks their gradients
             h, self_w, cross_w = block(
                 h,
-                mask,
+                masks[lt],
                 rope,
                 encoder_hidden_states,
-                cross_mask,
+                cross_masks.get(lt),
+                pattern=patterns[lt],
+                cross_pattern=cross_pattern,
                 cache=cache,
                 output_attentions=output_attentions,
             )
