@@ -160,7 +160,9 @@ def check_backend_for_config(name: str, config) -> None:
         caps = BACKENDS[backend]
         pattern = LAYER_TYPE_PATTERN[layer_type]
         if pattern not in caps.patterns:
-            _refuse(backend, f"{pattern!r} attention ({layer_type} layers)", lambda c, p=pattern: p in c.patterns)
+            _refuse(
+                backend, f"{pattern!r} attention ({layer_type} layers)", lambda c, p=pattern: p in c.patterns
+            )
         needs = {
             "gqa": config.num_key_value_heads != config.num_attention_heads,
             "position_bias": config.position_embedding_type in ("alibi", "relative_bias"),

@@ -232,7 +232,12 @@ class SwapformerConfig(PreTrainedConfig):
         self._check_layer_types("layer_types", self.layer_types, self.num_hidden_layers, "num_hidden_layers")
         if self._attn_layer_backends is not None:
             check_layer_backends(self._attn_layer_backends, self._all_layer_types())
-        for name, minimum in (("global_tokens", 0), ("attention_block_size", 1), ("num_random_blocks", 0), ("random_seed", 0)):
+        for name, minimum in (
+            ("global_tokens", 0),
+            ("attention_block_size", 1),
+            ("num_random_blocks", 0),
+            ("random_seed", 0),
+        ):
             _check_int(name, getattr(self, name), minimum)
         _check_float("rope_theta", self.rope_theta, 1.0)
         _check_float("norm_eps", self.norm_eps, 0.0, 1.0)
@@ -271,10 +276,15 @@ class SwapformerConfig(PreTrainedConfig):
             _check_choice(f"{name} entry", layer_type, LAYER_TYPES)
         windowed = [t for t in layer_types if t != "full_attention"]
         if windowed and self.sliding_window is None:
-            raise ValueError(f"{name} has {windowed[0]!r} layers but sliding_window is None; set sliding_window")
+            raise ValueError(
+                f"{name} has {windowed[0]!r} layers but sliding_window is None; set sliding_window"
+            )
         if self.sliding_window is not None:
             _check_int("sliding_window", self.sliding_window, 1)
-            if self.position_embedding_type == "learned" and self.sliding_window >= self.max_position_embeddings:
+            if (
+                self.position_embedding_type == "learned"
+                and self.sliding_window >= self.max_position_embeddings
+            ):
                 raise ValueError(
                     f"sliding_window={self.sliding_window} covers the whole learned position table "
                     f"(max_position_embeddings={self.max_position_embeddings}), so the window never applies; "
@@ -282,7 +292,15 @@ class SwapformerConfig(PreTrainedConfig):
                 )
 
     def validate_layer_type(self):
-        """transformers' own check knows only its layer type names; swapformer checks its own in __post_init__."""
+        """transformers' own check knows only its layer type names; swapformer checks its own in `_validate`."""
+
+    def validate(self) -> None:
+        """The check `save_pretrained` runs: swapformer's validation, then transformers' validators except
+        its layer-type one (which rejects swapformer's window + global and BigBird layer types)."""
+        self._validate()
+        for validator in getattr(PreTrainedConfig, "__class_validators__", ()):
+            if validator.__name__ != "validate_layer_type":
+                validator(self)
 
     # Backend per layer type: attn_implementation may be a {layer type: backend} mapping. transformers
     # reads a dict as per-sub-config backends, so the mapping is kept here, outside the serialised
@@ -382,7 +400,9 @@ class Seq2SeqConfig(SwapformerConfig):
     def _validate(self) -> None:
         super()._validate()
         _check_int("decoder_layers", self.decoder_layers, 1)
-        self._check_layer_types("decoder_layer_types", self.decoder_layer_types, self.decoder_layers, "decoder_layers")
+        self._check_layer_types(
+            "decoder_layer_types", self.decoder_layer_types, self.decoder_layers, "decoder_layers"
+        )
         _check_bool("shared_embeddings", self.shared_embeddings)
         if not self.is_encoder_decoder:
             raise ValueError("Seq2SeqConfig needs is_encoder_decoder=True")

@@ -70,7 +70,12 @@ def attention_probabilities(
 
 
 def attention_weights(
-    module: nn.Module, query: torch.Tensor, key: torch.Tensor, pattern: AttentionPattern, scaling: float, chunk: int = 256
+    module: nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    pattern: AttentionPattern,
+    scaling: float,
+    chunk: int = 256,
 ) -> torch.Tensor:
     """Dense (B, H, T, S) weights equal to eager's, recomputed from the pattern `chunk` queries at a
     time, so the extra memory beyond the result is O(chunk * S). Masked entries are exactly zero."""
@@ -139,9 +144,7 @@ def check_backend_for_model(name: str, model: nn.Module, is_init_check: bool = F
     """Checks made when `model` is put on backend `name`: the config's needs, installed packages,
     the device of the weights (skipped while the model is being built, as transformers does)."""
     check_backend_for_config(name, model.config)
-    names = (
-        set(model.config._attn_layer_backends.values()) if name == PER_LAYER_BACKEND else {name}
-    )
+    names = set(model.config._attn_layer_backends.values()) if name == PER_LAYER_BACKEND else {name}
     for backend in names:
         caps = BACKENDS[backend]
         if caps.needs and importlib.util.find_spec(caps.needs) is None:
@@ -150,7 +153,9 @@ def check_backend_for_model(name: str, model: nn.Module, is_init_check: bool = F
                 f"pip install 'swapformer[flash]' on a CUDA machine, or use 'sdpa_fa' (torch's own flash kernel) or 'sdpa'"
             )
         if caps.devices == ("cuda",) and not torch.cuda.is_available():
-            raise ValueError(f"attn_implementation={backend!r} runs on CUDA only and no CUDA device is available; use 'sdpa' or 'sparse'")
+            raise ValueError(
+                f"attn_implementation={backend!r} runs on CUDA only and no CUDA device is available; use 'sdpa' or 'sparse'"
+            )
         if is_init_check:
             continue
         for device in {p.device.type for p in model.parameters() if p.device.type != "meta"}:

@@ -166,7 +166,13 @@ class Attention(nn.Module):
     """Multi-head attention with MHA/GQA/MQA, optional RoPE, KV cache and cross-attention."""
 
     def __init__(
-        self, config, layer_idx: int, *, is_causal: bool, layer_type: str = "full_attention", is_cross_attention: bool = False
+        self,
+        config,
+        layer_idx: int,
+        *,
+        is_causal: bool,
+        layer_type: str = "full_attention",
+        is_cross_attention: bool = False,
     ):
         super().__init__()
         self.config = config
@@ -267,7 +273,13 @@ class Block(GradientCheckpointingLayer):
     """Self-attention, optional cross-attention, MLP; each a residual branch, pre- or post-norm."""
 
     def __init__(
-        self, config, layer_idx: int, *, is_causal: bool, cross_attention: bool, layer_type: str = "full_attention"
+        self,
+        config,
+        layer_idx: int,
+        *,
+        is_causal: bool,
+        cross_attention: bool,
+        layer_type: str = "full_attention",
     ):
         super().__init__()
         self.pre_norm = config.pre_norm
@@ -308,7 +320,12 @@ class Block(GradientCheckpointingLayer):
             hidden_states,
             self.self_attn_norm,
             lambda x: self.self_attn(
-                x, attention_mask, pattern=pattern, rope=rope, cache=cache, output_attentions=output_attentions
+                x,
+                attention_mask,
+                pattern=pattern,
+                rope=rope,
+                cache=cache,
+                output_attentions=output_attentions,
             ),
         )
         cross_weights = None

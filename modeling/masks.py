@@ -203,7 +203,12 @@ def lower_flex(pattern: AttentionPattern, dtype):
     from torch.nn.attention.flex_attention import create_block_mask
 
     return create_block_mask(
-        pattern.mask_mod(), pattern.batch, None, pattern.query_length, pattern.key_length, device=pattern.device
+        pattern.mask_mod(),
+        pattern.batch,
+        None,
+        pattern.query_length,
+        pattern.key_length,
+        device=pattern.device,
     )
 
 

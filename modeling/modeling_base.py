@@ -10,6 +10,7 @@ from torch import nn
 from transformers import PreTrainedModel
 from transformers import initialization as init
 
+from ..configuration.backends import PER_LAYER_BACKEND, check_layer_backends
 from ..configuration.configuration_swapformer import SwapformerConfig
 from .attention import check_backend_for_model
 from .layers import RMSNorm
@@ -39,6 +40,21 @@ class SwapformerPreTrainedModel(PreTrainedModel):
         name = "sdpa" if requested_attention is None else requested_attention
         check_backend_for_model(name, self, is_init_check=is_init_check)
         return name
+
+    def set_attn_implementation(self, attn_implementation, allow_all_kernels: bool = False):
+        """transformers' method, plus {layer type: backend} mappings (transformers would read a dict as
+        per-sub-config backends and, finding no sub-configs, change nothing)."""
+        if not (isinstance(attn_implementation, dict) and "" not in attn_implementation):
+            return super().set_attn_implementation(attn_implementation, allow_all_kernels=allow_all_kernels)
+        config = self.config
+        before = (config._attn_implementation_internal, config._attn_layer_backends)
+        config._attn_layer_backends = check_layer_backends(attn_implementation, config._all_layer_types())
+        try:
+            self.get_correct_attn_implementation(PER_LAYER_BACKEND)
+        except Exception:
+            config._attn_implementation_internal, config._attn_layer_backends = before
+            raise
+        config._attn_implementation_internal = PER_LAYER_BACKEND
 
     # Initialisation -----------------------------------------------------------------------------
 

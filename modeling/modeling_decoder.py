@@ -34,7 +34,11 @@ class DecoderModel(StackMixin, DecoderPreTrainedModel):
     def __init__(self, config: DecoderConfig):
         super().__init__(config)
         self.init_stack(
-            config, num_layers=config.num_hidden_layers, causal=True, cross_attention=False, layer_types=config.layer_types
+            config,
+            num_layers=config.num_hidden_layers,
+            causal=True,
+            cross_attention=False,
+            layer_types=config.layer_types,
         )
         self.gradient_checkpointing = False  # set by activation_checkpointing_enable
         self.post_init()

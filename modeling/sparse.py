@@ -55,7 +55,9 @@ def lower_sparse(pattern: AttentionPattern, dtype):
     w = pattern.window
     left, right = w - 1, (0 if pattern.causal else w - 1)
     band_length = b + left + right
-    block_start = (torch.arange(n_blocks, device=device) + first_block) * b  # absolute first row of each block
+    block_start = (
+        torch.arange(n_blocks, device=device) + first_block
+    ) * b  # absolute first row of each block
     band_abs = block_start[:, None] - left + torch.arange(band_length, device=device)  # (N, band)
 
     # Extra keys: globals (per batch row) then random blocks (shared), as absolute indices.
@@ -118,9 +120,13 @@ def lower_sparse(pattern: AttentionPattern, dtype):
     global_rows = global_mask = None
     if pattern.global_queries is not None and bool(pattern.global_queries.any()):
         count = int(pattern.global_queries.sum(-1).max())
-        order = torch.argsort((~pattern.global_queries).to(torch.int8), dim=-1, stable=True)[:, :count]  # (B, R)
+        order = torch.argsort((~pattern.global_queries).to(torch.int8), dim=-1, stable=True)[
+            :, :count
+        ]  # (B, R)
         present = torch.gather(pattern.global_queries, 1, order)
-        global_mask = pattern.rows_additive(order, dtype).masked_fill(~present[:, None, :, None], float("-inf"))
+        global_mask = pattern.rows_additive(order, dtype).masked_fill(
+            ~present[:, None, :, None], float("-inf")
+        )
         global_rows = order.masked_fill(~present, -1)
     return BlockLayout(
         block=b,
@@ -178,7 +184,11 @@ def sparse_attention_forward(
     n, b = layout.n_blocks, layout.block
     q = F.pad(query, (0, 0, layout.front, n * b - layout.front - t))  # (B, H, N*b, D)
     # Fold the G query heads that share a kv head into the rows of a block: (B*N, K, G*b, D).
-    q = q.view(batch, kv_heads, groups, n, b, d).permute(0, 3, 1, 2, 4, 5).reshape(batch * n, kv_heads, groups * b, d)
+    q = (
+        q.view(batch, kv_heads, groups, n, b, d)
+        .permute(0, 3, 1, 2, 4, 5)
+        .reshape(batch * n, kv_heads, groups * b, d)
+    )
     k = _gather_keys(key, layout).reshape(batch * n, kv_heads, -1, d)
     v = _gather_keys(value, layout).reshape(batch * n, kv_heads, -1, d)
     mask = layout.mask  # (B, N, 1 or H, b, L)
@@ -196,7 +206,9 @@ def sparse_attention_forward(
         dense = _sdpa(module, q_rows, key, value, layout.global_mask, scaling, dropout, transpose=False)
         keep = (layout.global_rows >= 0)[:, None, :, None]
         current = torch.gather(out, 2, rows[:, None, :, None].expand(-1, heads, -1, d))
-        out = out.scatter(2, rows[:, None, :, None].expand(-1, heads, -1, d), torch.where(keep, dense, current))
+        out = out.scatter(
+            2, rows[:, None, :, None].expand(-1, heads, -1, d), torch.where(keep, dense, current)
+        )
     return out.transpose(1, 2).contiguous(), None
 
 

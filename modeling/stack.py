@@ -24,7 +24,6 @@ from transformers.cache_utils import (
 from .layers import Block, alibi_bias, make_norm, relative_position_bucket, rope_cos_sin, sinusoidal_embedding
 from .masks import PATTERN_KINDS, AttentionPattern, lower, random_block_table
 
-
 # transformers builds cache layers from `config.layer_types`. Sliding layers already have a windowed
 # cache there; window + global (+ random) layers must keep every key, since global tokens (and random
 # blocks) stay visible to all later queries. Registering is what makes `DynamicCache(config=...)`,
@@ -40,6 +39,15 @@ def positions_from_mask(key_valid: torch.Tensor | None, batch: int, total: int, 
     if key_valid is None:
         return torch.arange(total, device=device)[None].expand(batch, -1)
     return (key_valid.long().cumsum(-1) - 1).clamp(min=0)
+
+
+def cache_slice(x: torch.Tensor | None, offset: int, length: int, fill) -> torch.Tensor | None:
+    """(B, P + T) per-token values -> the (B, length) slice a cache layer hands to attention
+    (from `offset`; padded with `fill` past the end, for static caches)."""
+    if x is None:
+        return None
+    x = x[:, offset : offset + length]
+    return nn.functional.pad(x, (0, length - x.shape[1]), value=fill)
 
 
 class StackMixin:
@@ -58,7 +66,9 @@ class StackMixin:
     ) -> None:
         self.causal = causal
         self.layer_types = list(layer_types)
-        self.embed_tokens = embed_tokens if embed_tokens is not None else nn.Embedding(config.vocab_size, config.hidden_size)
+        self.embed_tokens = (
+            embed_tokens if embed_tokens is not None else nn.Embedding(config.vocab_size, config.hidden_size)
+        )
         self.embed_scale = config.hidden_size**0.5 if config.scale_embeddings else 1.0
         self.token_type_embeddings = (
             nn.Embedding(config.type_vocab_size, config.hidden_size)
@@ -121,7 +131,9 @@ class StackMixin:
         )
         return self.relative_attention_bias(buckets)
 
-    def self_attention_patterns(self, *, batch, t, past, cache, key_valid, key_pos, query_pos, global_mask, device):
+    def self_attention_patterns(
+        self, *, batch, t, past, cache, key_valid, key_pos, query_pos, global_mask, device
+    ):
         """One `AttentionPattern` per layer type of this stack, sized by the cache layer it reads."""
         cfg = self.config
         total = past + t
@@ -134,11 +146,8 @@ class StackMixin:
             else:
                 kv_length, kv_offset = total, 0
 
-            def keys(x, fill):  # (B, total) -> the (B, kv_length) slice the cache layer hands over
-                if x is None:
-                    return None
-                x = x[:, kv_offset : kv_offset + kv_length]
-                return nn.functional.pad(x, (0, kv_length - x.shape[1]), value=fill)
+            def keys(x, fill, offset=kv_offset, length=kv_length):
+                return cache_slice(x, offset, length, fill)
 
             valid = keys(key_valid, False)
             pattern = AttentionPattern(
@@ -151,7 +160,9 @@ class StackMixin:
                 key_length=kv_length,
                 total_length=total,
                 device=device,
-                key_valid=valid if valid is not None and not bool(valid[:, : total - kv_offset].all()) else None,
+                key_valid=valid
+                if valid is not None and not bool(valid[:, : total - kv_offset].all())
+                else None,
                 window=cfg.sliding_window,
                 block_size=cfg.attention_block_size,
                 bias_fn=self.pair_bias if has_bias else None,
@@ -241,17 +252,42 @@ class StackMixin:
         if config.position_embedding_type == "rope":
             rope = rope_cos_sin(position_ids, config.head_dim, config.rope_theta, h.dtype)
         patterns = self.self_attention_patterns(
-            batch=b, t=t, past=past, cache=cache, key_valid=key_valid, key_pos=key_pos,
-            query_pos=position_ids, global_mask=global_attention_mask, device=device,
+            batch=b,
+            t=t,
+            past=past,
+            cache=cache,
+            key_valid=key_valid,
+            key_pos=key_pos,
+            query_pos=position_ids,
+            global_mask=global_attention_mask,
+            device=device,
         )
-        masks = {lt: lower(p, config.backend_for(lt), h.dtype) for lt, p in patterns.items()}
+        backends = {lt: config.backend_for(lt) for lt in patterns}
+        if (
+            "flex_attention" in backends.values()
+            and device.type == "cpu"
+            and self.training
+            and torch.is_grad_enabled()
+        ):
+            raise ValueError(
+                "attn_implementation='flex_attention' cannot train on CPU (torch has no CPU backward for flex "
+                "attention); call model.eval() or run under torch.no_grad() for inference, or use 'sparse' to train"
+            )
+        masks = {lt: lower(p, backends[lt], h.dtype) for lt, p in patterns.items()}
         cross_pattern, cross_masks = None, {}
         if encoder_hidden_states is not None:
             s_enc = encoder_hidden_states.shape[1]
             enc_valid = encoder_attention_mask.bool() if encoder_attention_mask is not None else None
             cross_pattern = AttentionPattern(
-                kind="full", causal=False, batch=b, query_offset=past, query_length=t, key_offset=0,
-                key_length=s_enc, total_length=s_enc, device=device,
+                kind="full",
+                causal=False,
+                batch=b,
+                query_offset=past,
+                query_length=t,
+                key_offset=0,
+                key_length=s_enc,
+                total_length=s_enc,
+                device=device,
                 key_valid=enc_valid if enc_valid is not None and not bool(enc_valid.all()) else None,
             )
             for lt in patterns:

@@ -7,6 +7,7 @@ Importing the package registers its configs and models with transformers' Auto c
 from . import auto as _auto
 from .configuration import (
     BACKENDS,
+    PER_LAYER_BACKEND,
     DecoderConfig,
     EncoderConfig,
     Seq2SeqConfig,
@@ -33,6 +34,7 @@ _auto.register_all()
 
 __all__ = [
     "BACKENDS",
+    "PER_LAYER_BACKEND",
     "capability_table_markdown",
     "SwapformerConfig",
     "EncoderConfig",

@@ -142,12 +142,16 @@ class TestBackendChoiceErrors:
 
     def test_flash_without_flash_attn_says_what_to_use(self):
         model = AutoModelForCausalLM.from_config(tiny_config("decoder"), attn_implementation="eager")
-        with pytest.raises(ValueError, match="'flash_attention_2' needs the flash_attn package.*'sdpa_fa'.*'sdpa'"):
+        with pytest.raises(
+            ValueError, match="'flash_attention_2' needs the flash_attn package.*'sdpa_fa'.*'sdpa'"
+        ):
             model.set_attn_implementation("flash_attention_2")
         assert model.config._attn_implementation == "eager"  # nothing changed
 
     def test_from_pretrained_checks_the_backend(self, tmp_path):
-        AutoModelForCausalLM.from_config(tiny_config("decoder", position_embedding_type="alibi")).save_pretrained(tmp_path)
+        AutoModelForCausalLM.from_config(
+            tiny_config("decoder", position_embedding_type="alibi")
+        ).save_pretrained(tmp_path)
         with pytest.raises(ValueError, match="'flex_attention' does not support position_bias.*'sparse'"):
             AutoModelForCausalLM.from_pretrained(tmp_path, attn_implementation="flex_attention")
 
