@@ -144,23 +144,37 @@ def lower_sparse(pattern: AttentionPattern, dtype):
 LOWERINGS["sparse"] = lower_sparse
 
 
-def _gather_keys(x: torch.Tensor, layout: BlockLayout) -> torch.Tensor:
-    """(B, K, S, D) -> (B, N, K, L, D): each block's band (strided view) and extra keys."""
-    batch, kv_heads, s, d = x.shape
+# Query blocks handled per SDPA call: bounds the gathered keys and values (and keeps them in cache
+# while the kernel reads them). Measured on a 2-core AVX-512 CPU; see benchmarks/attention_sparse.py.
+CHUNK_BYTES = 8 * 2**20
+
+
+def _padded(x: torch.Tensor, layout: BlockLayout) -> tuple[torch.Tensor, int]:
+    """Keys or values padded so every block's band is in range; and where block 0's band starts."""
     n, b, band = layout.n_blocks, layout.block, layout.band_length
     pad_front = max(0, -layout.band_start)
-    needed = layout.band_start + (n - 1) * b + band
-    pad_back = max(0, needed - s)
-    padded = F.pad(x, (0, 0, pad_front, pad_back))
-    start = layout.band_start + pad_front
-    bands = padded[:, :, start : start + (n - 1) * b + band].unfold(2, band, b)  # (B, K, N, D, band)
-    bands = bands.permute(0, 2, 1, 4, 3)  # (B, N, K, band, D)
+    pad_back = max(0, layout.band_start + (n - 1) * b + band - x.shape[2])
+    return F.pad(x, (0, 0, pad_front, pad_back)), layout.band_start + pad_front
+
+
+def _gather_keys(
+    padded: torch.Tensor, start: int, x: torch.Tensor, layout: BlockLayout, blocks: range
+) -> torch.Tensor:
+    """Keys of `blocks`: (B, n, K, L, D), each block's band (a strided view of `padded`) then its
+    extra keys (gathered from `x`, (B, K, S, D))."""
+    batch, kv_heads, _, d = x.shape
+    b, band = layout.block, layout.band_length
+    first = start + blocks.start * b
+    bands = padded[:, :, first : first + (len(blocks) - 1) * b + band].unfold(
+        2, band, b
+    )  # (B, K, n, D, band)
+    bands = bands.permute(0, 2, 1, 4, 3)  # (B, n, K, band, D)
     if layout.extra_keys is None:
         return bands
-    idx = layout.extra_keys.expand(batch, -1, -1)  # (B, N, E)
+    idx = layout.extra_keys[:, blocks.start : blocks.stop].expand(batch, -1, -1)  # (B, n, E)
     rows = torch.arange(batch, device=x.device)[:, None]
-    extra = x.transpose(1, 2)[rows, idx.reshape(batch, -1)]  # (B, N*E, K, D)
-    extra = extra.view(batch, n, -1, kv_heads, d).transpose(2, 3)  # (B, N, K, E, D)
+    extra = x.transpose(1, 2)[rows, idx.reshape(batch, -1)]  # (B, n*E, K, D)
+    extra = extra.view(batch, len(blocks), -1, kv_heads, d).transpose(2, 3)  # (B, n, K, E, D)
     return torch.cat([bands, extra], dim=3)
 
 
@@ -183,32 +197,44 @@ def sparse_attention_forward(
     groups = heads // kv_heads
     n, b = layout.n_blocks, layout.block
     q = F.pad(query, (0, 0, layout.front, n * b - layout.front - t))  # (B, H, N*b, D)
-    # Fold the G query heads that share a kv head into the rows of a block: (B*N, K, G*b, D).
-    q = (
-        q.view(batch, kv_heads, groups, n, b, d)
-        .permute(0, 3, 1, 2, 4, 5)
-        .reshape(batch * n, kv_heads, groups * b, d)
-    )
-    k = _gather_keys(key, layout).reshape(batch * n, kv_heads, -1, d)
-    v = _gather_keys(value, layout).reshape(batch * n, kv_heads, -1, d)
-    mask = layout.mask  # (B, N, 1 or H, b, L)
-    mask = mask.expand(batch, n, mask.shape[2], b, mask.shape[-1])
-    if mask.shape[2] == 1:
-        mask = mask.expand(batch, n, groups, b, mask.shape[-1]).reshape(batch * n, 1, groups * b, -1)
-    else:
-        mask = mask.reshape(batch * n, kv_heads, groups * b, -1)
-    out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout, scale=scaling)
-    out = out.view(batch, n, kv_heads, groups, b, d).permute(0, 2, 3, 1, 4, 5).reshape(batch, heads, n * b, d)
+    # The G query heads that share a kv head become rows of the same block: (B, N, K, G, b, D).
+    q = q.view(batch, kv_heads, groups, n, b, d).permute(0, 3, 1, 2, 4, 5)
+    k_pad, k_start = _padded(key, layout)
+    v_pad, v_start = _padded(value, layout)
+    width = layout.band_length + (layout.extra_keys.shape[-1] if layout.extra_keys is not None else 0)
+    per_chunk = max(1, CHUNK_BYTES // (2 * batch * kv_heads * width * d * key.element_size()))
+    outs = []
+    for j in range(0, n, per_chunk):
+        blocks = range(j, min(j + per_chunk, n))
+        m = len(blocks)
+        k = _gather_keys(k_pad, k_start, key, layout, blocks).reshape(batch * m, kv_heads, -1, d)
+        v = _gather_keys(v_pad, v_start, value, layout, blocks).reshape(batch * m, kv_heads, -1, d)
+        mask = layout.mask[:, j : j + m]  # (B, m, 1 or H, b, L)
+        mask = mask.expand(batch, m, mask.shape[2], b, width)
+        if mask.shape[2] == 1:
+            mask = mask.expand(batch, m, groups, b, width).reshape(batch * m, 1, groups * b, width)
+        else:
+            mask = mask.reshape(batch * m, kv_heads, groups * b, width)
+        q_chunk = q[:, j : j + m].reshape(batch * m, kv_heads, groups * b, d)
+        out = F.scaled_dot_product_attention(q_chunk, k, v, attn_mask=mask, dropout_p=dropout, scale=scaling)
+        outs.append(out.view(batch, m, kv_heads, groups, b, d))
+    out = torch.cat(outs, dim=1).permute(0, 2, 3, 1, 4, 5).reshape(batch, heads, n * b, d)
     out = out[:, :, layout.front : layout.front + t]  # (B, H, T, D)
     if layout.global_rows is not None:
         rows = layout.global_rows.clamp(min=0)  # (B, R)
-        q_rows = torch.gather(query, 2, rows[:, None, :, None].expand(-1, heads, -1, d))
-        dense = _sdpa(module, q_rows, key, value, layout.global_mask, scaling, dropout, transpose=False)
-        keep = (layout.global_rows >= 0)[:, None, :, None]
-        current = torch.gather(out, 2, rows[:, None, :, None].expand(-1, heads, -1, d))
-        out = out.scatter(
-            2, rows[:, None, :, None].expand(-1, heads, -1, d), torch.where(keep, dense, current)
+        index = rows[:, None, :, None].expand(-1, heads, -1, d)
+        dense = _sdpa(
+            module,
+            torch.gather(query, 2, index),
+            key,
+            value,
+            layout.global_mask,
+            scaling,
+            dropout,
+            transpose=False,
         )
+        keep = (layout.global_rows >= 0)[:, None, :, None]
+        out = out.scatter(2, index, torch.where(keep, dense, torch.gather(out, 2, index)))
     return out.transpose(1, 2).contiguous(), None
 
 

@@ -435,3 +435,18 @@ def test_seq2seq_with_sliding_decoder_keeps_every_encoder_key(attn):
                 ids, attention_mask=mask, decoder_input_ids=out.sequences[:, : step + 1], use_cache=False
             ).logits[:, -1]
         assert max_diff(logits, ref) <= 1e-4, f"step {step}"
+
+
+@pytest.mark.parametrize("layer_type", ["sliding_global_attention", "bigbird_attention"])
+def test_sparse_block_chunks_give_the_same_result(layer_type, monkeypatch):
+    """The sparse backend runs a few query blocks per kernel call; one block per call is the same."""
+    from swapformer.modeling import sparse
+
+    model = build(swapformer.DecoderModel, pattern_config("decoder", layer_type, num_key_value_heads=2))
+    model.train()
+    ids, mask = padded_batch(length=LENGTH, padding="left")
+    whole = forward_backward(model, "decoder", ids, mask, "sparse")
+    monkeypatch.setattr(sparse, "CHUNK_BYTES", 1)  # one block per call
+    chunked = forward_backward(model, "decoder", ids, mask, "sparse")
+    assert max_diff(whole[0], chunked[0]) <= 1e-6 and max_diff(whole[1], chunked[1]) <= 1e-6
+    assert max(max_diff(whole[2][n], chunked[2][n]) for n in whole[2]) <= 1e-6

@@ -1,0 +1,343 @@
+"""One attention layer and one long-input encoder, every backend side by side in one process.
+
+    python benchmarks/attention_sparse.py            # the full table (about 10 minutes on 2 cores)
+    python benchmarks/attention_sparse.py --quick    # 1k and 4k only
+
+Layer: 12 heads x 64, batch 1, fp32, bidirectional. Pattern "window+global": each query sees the keys
+within 128 positions on either side (sliding_window=129: a 257-key window) plus 1 global token;
+"bigbird" adds 3 random blocks of 64 keys per query block. Each time includes building the mask for
+the backend (what one layer of a one-layer model pays; a deeper model builds it once for all layers).
+Times are the best of several runs (the machines are shared). Peak memory is the growth of the
+resident set above what the process held before the call (the kernel's high-water mark is reset
+through /proc/self/clear_refs), measured in a child process of this run started with
+MALLOC_MMAP_THRESHOLD_=65536 so that freed buffers go back to the system at once (that setting
+slows allocation down, so times come from this process and memory from the child).
+Useful GFLOP/s counts the FLOPs of the 64x64 blocks of the attention matrix that hold at least one
+allowed entry (4 * D FLOPs per entry: q.k and p.v), divided by the backend's time.
+
+Model: a BERT-base-shaped encoder (12 layers, 768 wide, 12 heads) at 4096 tokens, every layer
+window+global with swapformer's `sparse` backend, against transformers' `LongformerModel` of the same
+size with attention_window=512 (the same +-256 window) and the first token global; random weights.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import subprocess
+import sys
+import time
+
+import torch
+from transformers import LongformerConfig, LongformerModel
+
+import swapformer
+from swapformer.modeling.attention import eager_attention_forward
+from swapformer.modeling.masks import AttentionPattern, lower, random_block_table
+from swapformer.modeling.sparse import sparse_attention_forward
+
+HEADS, HEAD_DIM, BLOCK, WINDOW, GLOBALS, RANDOM = 12, 64, 64, 129, 1, 3
+
+
+class Layer(torch.nn.Module):
+    """Just what attention functions read from their module."""
+
+    is_causal = False
+    num_key_value_groups = 1
+    training = False
+    layer_idx = 0
+
+    def __init__(self, backend):
+        super().__init__()
+        self.config = swapformer.EncoderConfig(attn_implementation=backend)
+
+
+def rss_kib(field: str) -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(field):
+                return int(line.split()[1])
+    raise RuntimeError(field)
+
+
+def peak_extra_mib(fn) -> float:
+    gc.collect()
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")
+    before = rss_kib("VmRSS")
+    result = fn()
+    peak = rss_kib("VmHWM")
+    del result
+    return (peak - before) / 1024
+
+
+def timed(fn, repeats: int) -> float:
+    fn()  # warm-up (and, for flex, compilation)
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return min(times)
+
+
+def matmul_peak_gflops() -> float:
+    a, b = torch.randn(2048, 2048), torch.randn(2048, 2048)
+    return 2 * 2048**3 / timed(lambda: a @ b, 10) / 1e9
+
+
+def make_pattern(n: int, kind: str) -> AttentionPattern:
+    glob = torch.zeros(1, n, dtype=torch.bool)
+    glob[:, :GLOBALS] = True
+    pattern = AttentionPattern(
+        kind=kind,
+        causal=False,
+        batch=1,
+        query_offset=0,
+        query_length=n,
+        key_offset=0,
+        key_length=n,
+        total_length=n,
+        device=torch.device("cpu"),
+        window=WINDOW,
+        global_keys=glob,
+        global_queries=glob,
+        block_size=BLOCK,
+    )
+    if kind == "bigbird":
+        blocks = -(-n // BLOCK)
+        pattern.random_table = random_block_table(0, blocks, blocks, RANDOM, causal=False)
+    return pattern
+
+
+def useful_flops(pattern: AttentionPattern) -> float:
+    n = pattern.query_length
+    nonzero_blocks = 0
+    for start in range(0, n, 1024):  # the dense mask in slices of rows, to keep memory low
+        rows = pattern.dense_allowed(slice(start, start + 1024))[0, 0]
+        blocks = rows.view(rows.shape[0] // BLOCK, BLOCK, n // BLOCK, BLOCK).any(3).any(1)
+        nonzero_blocks += int(blocks.sum())
+    return nonzero_blocks * BLOCK * BLOCK * 4 * HEAD_DIM * HEADS
+
+
+def backend_function(backend: str):
+    """The function a swapformer layer calls for `backend`."""
+    from transformers.integrations.flex_attention import flex_attention_forward
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    return {
+        "eager": eager_attention_forward,
+        "sdpa": sdpa_attention_forward,
+        "flex_attention": flex_attention_forward,
+        "sparse": sparse_attention_forward,
+    }[backend]
+
+
+def attention_call(backend: str, pattern: AttentionPattern, q, k, v):
+    fn, module = backend_function(backend), Layer(backend)
+
+    def run():
+        mask = lower(pattern, backend, q.dtype)
+        return fn(module, q, k, v, mask, scaling=HEAD_DIM**-0.5)[0]
+
+    return run
+
+
+def cases(sizes):
+    for n in sizes:
+        for kind in ("sliding_global", "bigbird"):
+            for backend in ("eager", "sdpa", "flex_attention", "sparse"):
+                if not (backend == "eager" and n > 4096):
+                    yield n, kind, backend
+
+
+def memory_child(sizes) -> dict:
+    """Peak extra memory of every case, measured in a child process with eager freeing (see top)."""
+    env = dict(os.environ, MALLOC_MMAP_THRESHOLD_="65536")
+    cmd = [sys.executable, __file__, "--memory-child", ",".join(map(str, sizes))]
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=3600)
+    if done.returncode != 0:
+        raise RuntimeError(done.stderr[-2000:])
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def measure_memory(sizes) -> None:
+    out = {}
+    for n, kind, backend in cases(sizes):
+        torch.manual_seed(0)
+        q, k, v = (torch.randn(1, HEADS, n, HEAD_DIM) for _ in range(3))
+        try:
+            with torch.no_grad():
+                run = attention_call(backend, make_pattern(n, kind), q, k, v)
+                run()  # compile / warm up outside the measurement
+                out[f"{n} {kind} {backend}"] = peak_extra_mib(run)
+        except Exception:
+            out[f"{n} {kind} {backend}"] = float("nan")
+    print(json.dumps(out))
+
+
+def layer_table(sizes, repeats):
+    memory_of = memory_child(sizes)
+    peak = matmul_peak_gflops()
+    print(f"\nmeasured fp32 matmul peak (2048^3): {peak:.1f} GFLOP/s\n")
+    print(
+        "| tokens | pattern | backend | time (ms) | peak extra memory (MiB) | useful GFLOP/s | % of matmul peak |"
+    )
+    print("|---|---|---|---|---|---|---|")
+    results = {}
+    for n in sizes:
+        torch.manual_seed(0)
+        q, k, v = (torch.randn(1, HEADS, n, HEAD_DIM) for _ in range(3))
+        for kind in ("sliding_global", "bigbird"):
+            pattern = make_pattern(n, kind)
+            flops = useful_flops(pattern)
+            for backend in ("eager", "sdpa", "flex_attention", "sparse"):
+                if backend == "eager" and n > 4096:
+                    print(
+                        f"| {n} | {kind} | eager | skipped: its (12, n, n) score matrices need {3 * 12 * n * n * 4 / 2**30:.0f} GiB |  |  |  |"
+                    )
+                    continue
+                try:
+                    with torch.no_grad():
+                        seconds = timed(attention_call(backend, pattern, q, k, v), repeats)
+                except Exception as error:  # e.g. torch inductor failing to compile a flex kernel
+                    reason = str(error).strip().splitlines()[0][:100]
+                    print(
+                        f"| {n} | {kind} | {backend} | failed: {type(error).__name__}: {reason} |  |  |  |",
+                        flush=True,
+                    )
+                    continue
+                memory = memory_of[f"{n} {kind} {backend}"]
+                results[(n, kind, backend)] = (seconds, memory)
+                gflops = flops / seconds / 1e9
+                print(
+                    f"| {n} | {kind} | {backend} | {seconds * 1e3:.1f} | {memory:.0f} | {gflops:.1f} | {100 * gflops / peak:.0f}% |",
+                    flush=True,
+                )
+    return peak, results
+
+
+def backward_row(n: int, repeats: int):
+    torch.manual_seed(0)
+    pattern = make_pattern(n, "sliding_global")
+    q, k, v = (torch.randn(1, HEADS, n, HEAD_DIM, requires_grad=True) for _ in range(3))
+    times = {}
+    for backend in ("sdpa", "sparse"):
+        with torch.no_grad():
+            mask = lower(pattern, backend, q.dtype)
+        call, module = backend_function(backend), Layer(backend)
+
+        def step(call=call, mask=mask, module=module):
+            out = call(module, q, k, v, mask, scaling=HEAD_DIM**-0.5)[0]
+            out.sum().backward()
+            q.grad = k.grad = v.grad = None
+
+        times[backend] = timed(step, repeats)
+    return times
+
+
+def model_row(repeats: int):
+    n = 4096
+    longformer = LongformerModel(
+        LongformerConfig(
+            attention_window=512,
+            max_position_embeddings=n + 2,
+            hidden_size=768,
+            num_hidden_layers=12,
+            num_attention_heads=12,
+            intermediate_size=3072,
+            pad_token_id=1,
+        )
+    ).eval()
+    ours = swapformer.EncoderModel(
+        swapformer.EncoderConfig(
+            vocab_size=longformer.config.vocab_size,
+            hidden_size=768,
+            num_hidden_layers=12,
+            num_attention_heads=12,
+            intermediate_size=3072,
+            max_position_embeddings=n,
+            type_vocab_size=1,
+            pre_norm=False,
+            embedding_norm=True,
+            pad_token_id=1,
+            layer_types=["sliding_global_attention"] * 12,
+            sliding_window=257,
+            global_tokens=1,
+            attention_block_size=BLOCK,
+            attn_implementation="sparse",
+        )
+    ).eval()
+    ids = torch.randint(5, 1000, (1, n))
+    glob = torch.zeros_like(ids)
+    glob[:, 0] = 1
+    with torch.no_grad():
+        t_long = timed(lambda: longformer(ids, global_attention_mask=glob), repeats)
+        t_ours = timed(lambda: ours(ids), repeats)
+        with torch.profiler.profile() as prof:
+            ours(ids)
+    linear = (
+        sum(e.self_cpu_time_total for e in prof.key_averages() if e.key in ("aten::addmm", "aten::mm")) / 1e6
+    )
+    return t_ours, t_long, linear
+
+
+def main():
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--quick", action="store_true", help="1k and 4k only, no model row")
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--memory-child", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.memory_child:
+        return measure_memory([int(n) for n in args.memory_child.split(",")])
+    torch.set_num_threads(torch.get_num_threads())
+    sizes = [1024, 4096] if args.quick else [1024, 4096, 8192, 16384]
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, fp32")
+    peak, results = layer_table(sizes, args.repeats)
+    if args.quick:
+        return
+    t8 = {
+        b: results.get((8192, "sliding_global", b), (float("nan"),))[0]
+        for b in ("sdpa", "flex_attention", "sparse")
+    }
+    flops8 = useful_flops(make_pattern(8192, "sliding_global"))
+    backward = backward_row(8192, 3)
+    t_ours, t_long, linear = model_row(2)
+    print("\n| target (8k = 8192 tokens, window+global unless noted) | measured | goal |")
+    print("|---|---|---|")
+    rows = [
+        ("sparse vs SDPA-dense, forward at 8k", t8["sdpa"] / t8["sparse"], ">= 10x"),
+        ("sparse vs compiled flex, forward at 8k", t8["flex_attention"] / t8["sparse"], ">= 2x"),
+        ("sparse useful GFLOP/s / matmul peak at 8k", flops8 / t8["sparse"] / 1e9 / peak, ">= 40%"),
+        ("sparse time 16k / 8k", results[(16384, "sliding_global", "sparse")][0] / t8["sparse"], "<= 2.3"),
+        (
+            "sparse peak memory / SDPA-dense peak memory at 16k",
+            results[(16384, "sliding_global", "sparse")][1] / results[(16384, "sliding_global", "sdpa")][1],
+            "<= 1/8",
+        ),
+        ("sparse vs SDPA-dense, forward+backward at 8k", backward["sdpa"] / backward["sparse"], ">= 5x"),
+        ("sparse encoder vs LongformerModel, BERT-base size, 4096 tokens", t_long / t_ours, ">= 3x"),
+    ]
+    for label, value, goal in rows:
+        shown = (
+            f"{100 * value:.0f}%"
+            if "%" in goal
+            else (f"{value:.3f}" if "/" in goal or "<=" in goal else f"{value:.1f}x")
+        )
+        print(f"| {label} | {shown} | {goal} |")
+    print(
+        f"\nforward+backward at 8k: SDPA-dense {backward['sdpa'] * 1e3:.0f} ms, sparse {backward['sparse'] * 1e3:.0f} ms"
+    )
+    print(
+        f"encoder at 4096 tokens: swapformer sparse {t_ours * 1e3:.0f} ms, LongformerModel {t_long * 1e3:.0f} ms; "
+        f"the linear layers alone (addmm, profiled) take {linear * 1e3:.0f} ms of swapformer's time, so the "
+        f"ratio cannot exceed {t_long / linear:.1f}x on this machine"
+    )
+
+
+if __name__ == "__main__":
+    main()
