@@ -144,8 +144,8 @@ def lower_sparse(pattern: AttentionPattern, dtype):
 LOWERINGS["sparse"] = lower_sparse
 
 
-# Query blocks handled per SDPA call: bounds the gathered keys and values (and keeps them in cache
-# while the kernel reads them). Measured on a 2-core AVX-512 CPU; see benchmarks/attention_sparse.py.
+# Query blocks handled per SDPA call without gradients: bounds the gathered keys and values (and keeps
+# them in cache while the kernel reads them). Measured on a 2-core CPU; see benchmarks/attention_sparse.py.
 CHUNK_BYTES = 8 * 2**20
 
 
@@ -203,6 +203,10 @@ def sparse_attention_forward(
     v_pad, v_start = _padded(value, layout)
     width = layout.band_length + (layout.extra_keys.shape[-1] if layout.extra_keys is not None else 0)
     per_chunk = max(1, CHUNK_BYTES // (2 * batch * kv_heads * width * d * key.element_size()))
+    if torch.is_grad_enabled() and (query.requires_grad or key.requires_grad or value.requires_grad):
+        # Backward keeps every chunk's gathered keys anyway, and slicing the padded keys per chunk
+        # would make each chunk's backward allocate a full-size gradient: one call for all blocks.
+        per_chunk = n
     outs = []
     for j in range(0, n, per_chunk):
         blocks = range(j, min(j + per_chunk, n))
