@@ -44,86 +44,85 @@ class BlockLayout:
     global_mask: torch.Tensor | None  # (B, 1 or H, R, S) additive float mask of those rows
 
 
+def _first_true(flags: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Indices of the True entries of each row of `flags` (R, C), padded to the longest row, and
+    which of them are real: ((R, count), (R, count))."""
+    count = int(flags.sum(-1).max()) if flags.numel() else 0
+    order = torch.argsort((~flags).to(torch.int8), dim=-1, stable=True)[:, :count]
+    return order, torch.gather(flags, 1, order)
+
+
+def _extra_keys(pattern: AttentionPattern, band_abs: torch.Tensor, first_block: int):
+    """Global keys, then random blocks, per query block: absolute indices (B, N, E) and whether each
+    entry is counted in this segment (B, N, E); None when the pattern has neither."""
+    batch, n_blocks, b = pattern.batch, band_abs.shape[0], pattern.block_size
+    parts, n_glob = [], 0
+    if pattern.global_keys is not None:
+        order, present = _first_true(pattern.global_keys)
+        n_glob = order.shape[1]
+        parts.append(((order + pattern.key_offset)[:, None, :], present[:, None, :]))
+    if pattern.random_table is not None:
+        chosen, present = _first_true(pattern.random_table[first_block : first_block + n_blocks])  # (N, r)
+        keys = (chosen[:, :, None] * b + torch.arange(b, device=band_abs.device)).reshape(n_blocks, -1)
+        parts.append((keys[None], present.repeat_interleave(b, dim=1)[None]))
+    parts = [(k, ok) for k, ok in parts if k.shape[-1]]
+    if not parts:
+        return None, None
+    extra_abs = torch.cat([k.expand(batch, n_blocks, -1) for k, _ in parts], dim=-1)
+    counted = torch.cat([ok.expand(batch, n_blocks, -1) for _, ok in parts], dim=-1)
+    # A key inside the block's band is counted there; a global key is counted once, as a global.
+    counted = counted & ~((extra_abs >= band_abs[None, :, :1]) & (extra_abs <= band_abs[None, :, -1:]))
+    if n_glob and extra_abs.shape[-1] > n_glob:
+        local = (extra_abs[..., n_glob:] - pattern.key_offset).clamp(0, pattern.key_length - 1)
+        is_global = torch.gather(pattern.global_keys, 1, local.reshape(batch, -1)).view_as(local)
+        counted[..., n_glob:] &= ~is_global
+    return extra_abs, counted
+
+
 def lower_sparse(pattern: AttentionPattern, dtype):
     """Full layers run dense (sdpa form); windowed kinds get a BlockLayout."""
     if pattern.kind == "full":
         return lower_sdpa(pattern, dtype)
-    device, b = pattern.device, pattern.block_size
+    device, b, batch = pattern.device, pattern.block_size, pattern.batch
     first_block = pattern.query_offset // b
     front = pattern.query_offset - first_block * b
     n_blocks = -(-(front + pattern.query_length) // b)
-    w = pattern.window
-    left, right = w - 1, (0 if pattern.causal else w - 1)
+    left, right = pattern.window - 1, (0 if pattern.causal else pattern.window - 1)
     band_length = b + left + right
-    block_start = (
-        torch.arange(n_blocks, device=device) + first_block
-    ) * b  # absolute first row of each block
+    block_start = (torch.arange(n_blocks, device=device) + first_block) * b  # absolute first row
     band_abs = block_start[:, None] - left + torch.arange(band_length, device=device)  # (N, band)
+    extra_abs, counted = _extra_keys(pattern, band_abs, first_block)
+    key_abs = (
+        band_abs[None]
+        if extra_abs is None
+        else torch.cat([band_abs[None].expand(batch, -1, -1), extra_abs], -1)
+    )
 
-    # Extra keys: globals (per batch row) then random blocks (shared), as absolute indices.
-    batch = pattern.batch
-    extra, extra_valid, n_glob = [], [], 0
-    if pattern.global_keys is not None and pattern.global_keys.numel():
-        n_glob = int(pattern.global_keys.sum(-1).max())
-        if n_glob:
-            order = torch.argsort((~pattern.global_keys).to(torch.int8), dim=-1, stable=True)[:, :n_glob]
-            present = torch.gather(pattern.global_keys, 1, order)  # (B, n_glob)
-            extra.append((order + pattern.key_offset)[:, None, :].expand(-1, n_blocks, -1))
-            extra_valid.append(present[:, None, :].expand(-1, n_blocks, -1))
-    if pattern.random_table is not None:
-        rows = pattern.random_table[first_block : first_block + n_blocks]  # (N, key blocks)
-        per_block = int(rows.sum(-1).max()) if rows.numel() else 0
-        if per_block:
-            chosen = torch.argsort((~rows).to(torch.int8), dim=-1, stable=True)[:, :per_block]  # (N, r)
-            present = torch.gather(rows, 1, chosen)
-            keys = (chosen[:, :, None] * b + torch.arange(b, device=device)).reshape(n_blocks, per_block * b)
-            extra.append(keys[None])
-            extra_valid.append(present.repeat_interleave(b, dim=1)[None])
-    if extra:
-        extra_abs = torch.cat([e.expand(batch, n_blocks, -1) for e in extra], dim=-1)  # (B, N, E)
-        extra_ok = torch.cat([v.expand(batch, n_blocks, -1) for v in extra_valid], dim=-1)
-        # A key already in the band is counted there; a global key is counted once, as a global.
-        in_band = (extra_abs >= band_abs[None, :, :1]) & (extra_abs <= band_abs[None, :, -1:])
-        extra_ok = extra_ok & ~in_band
-        if n_glob and extra_abs.shape[-1] > n_glob:
-            local = (extra_abs[..., n_glob:] - pattern.key_offset).clamp(0, pattern.key_length - 1)
-            is_global = torch.gather(pattern.global_keys, 1, local.reshape(batch, -1)).view_as(local)
-            extra_ok[..., n_glob:] &= ~is_global
-        key_abs = torch.cat([band_abs[None].expand(batch, -1, -1), extra_abs], dim=-1)  # (B, N, L)
-        band_ok = torch.ones(batch, n_blocks, band_length, dtype=torch.bool, device=device)
-        segment_ok = torch.cat([band_ok, extra_ok], dim=-1)
-        extra_local = (extra_abs - pattern.key_offset).clamp(0, max(pattern.key_length - 1, 0))
-    else:
-        key_abs, segment_ok, extra_local = band_abs[None], None, None
-
+    # The same predicate as the dense backends, on the gathered indices (B, N, b, L).
     q_abs = block_start[:, None] + torch.arange(b, device=device)  # (N, b)
     bidx = torch.arange(batch, device=device)[:, None, None, None]
-    allowed = pattern.allowed(bidx, q_abs[None, :, :, None], key_abs[:, :, None, :])  # (B, N, b, L)
+    # int32 indices: the predicate runs over (B, N, b, L) elements, half the bytes of int64
+    allowed = pattern.allowed(bidx, q_abs.int()[None, :, :, None], key_abs.int()[:, :, None, :])
     # Rows that only pad the blocks (before the first or after the last query) see nothing.
     real_row = (q_abs >= pattern.query_offset) & (q_abs < pattern.query_offset + pattern.query_length)
     allowed = allowed & real_row[None, :, :, None]
-    if segment_ok is not None:
-        allowed = allowed & segment_ok[:, :, None, :]
-    zero = torch.zeros((), dtype=dtype, device=device)
-    mask = torch.where(allowed, zero, torch.full((), float("-inf"), dtype=dtype, device=device))
+    if counted is not None:
+        band_counted = torch.ones(batch, n_blocks, band_length, dtype=torch.bool, device=device)
+        allowed = allowed & torch.cat([band_counted, counted], dim=-1)[:, :, None, :]
+    neg_inf = torch.full((), float("-inf"), dtype=dtype, device=device)
+    mask = torch.where(allowed, torch.zeros((), dtype=dtype, device=device), neg_inf)[
+        :, :, None
+    ]  # (B, N, 1, b, L)
     if pattern.bias_fn is not None:
-        k_local = (key_abs - pattern.key_offset).clamp(0, pattern.key_length - 1)
-        k_local = k_local.expand(batch, -1, -1)
+        k_local = (key_abs - pattern.key_offset).clamp(0, pattern.key_length - 1).expand(batch, -1, -1)
         k_pos = torch.gather(pattern.key_pos, 1, k_local.reshape(batch, -1)).view(batch, n_blocks, 1, -1)
-        q_rows = (q_abs - pattern.query_offset).clamp(0, pattern.query_length - 1)
-        q_pos = pattern.query_pos[:, q_rows][..., None]  # (B, N, b, 1)
-        bias = pattern.bias_fn(q_pos, k_pos).permute(0, 1, 4, 2, 3)  # (B, N, H, b, L)
-        mask = mask[:, :, None] + bias.to(dtype)
-    else:
-        mask = mask[:, :, None]  # (B, N, 1, b, L)
+        q_pos = pattern.query_pos[:, (q_abs - pattern.query_offset).clamp(0, pattern.query_length - 1)]
+        bias = pattern.bias_fn(q_pos[..., None], k_pos).permute(0, 1, 4, 2, 3)  # (B, N, H, b, L)
+        mask = mask + bias.to(dtype)
 
     global_rows = global_mask = None
     if pattern.global_queries is not None and bool(pattern.global_queries.any()):
-        count = int(pattern.global_queries.sum(-1).max())
-        order = torch.argsort((~pattern.global_queries).to(torch.int8), dim=-1, stable=True)[
-            :, :count
-        ]  # (B, R)
-        present = torch.gather(pattern.global_queries, 1, order)
+        order, present = _first_true(pattern.global_queries)  # (B, R)
         global_mask = pattern.rows_additive(order, dtype).masked_fill(
             ~present[:, None, :, None], float("-inf")
         )
@@ -134,7 +133,9 @@ def lower_sparse(pattern: AttentionPattern, dtype):
         n_blocks=n_blocks,
         band_start=int(block_start[0]) - left - pattern.key_offset,
         band_length=band_length,
-        extra_keys=extra_local,
+        extra_keys=None
+        if extra_abs is None
+        else (extra_abs - pattern.key_offset).clamp(0, max(pattern.key_length - 1, 0)),
         mask=mask,
         global_rows=global_rows,
         global_mask=global_mask,
@@ -149,26 +150,18 @@ LOWERINGS["sparse"] = lower_sparse
 CHUNK_BYTES = 8 * 2**20
 
 
-def _padded(x: torch.Tensor, layout: BlockLayout) -> tuple[torch.Tensor, int]:
-    """Keys or values padded so every block's band is in range; and where block 0's band starts."""
-    n, b, band = layout.n_blocks, layout.block, layout.band_length
-    pad_front = max(0, -layout.band_start)
-    pad_back = max(0, layout.band_start + (n - 1) * b + band - x.shape[2])
-    return F.pad(x, (0, 0, pad_front, pad_back)), layout.band_start + pad_front
-
-
-def _gather_keys(
-    padded: torch.Tensor, start: int, x: torch.Tensor, layout: BlockLayout, blocks: range
-) -> torch.Tensor:
-    """Keys of `blocks`: (B, n, K, L, D), each block's band (a strided view of `padded`) then its
-    extra keys (gathered from `x`, (B, K, S, D))."""
-    batch, kv_heads, _, d = x.shape
+def _gather_keys(x: torch.Tensor, layout: BlockLayout, blocks: range) -> torch.Tensor:
+    """Keys (or values) of `blocks`: (B, n, K, L, D), each block's band, a strided view of `x`
+    (B, K, S, D) where the bands lie inside it (zero rows are padded on only at the ends), then the
+    block's extra keys."""
+    batch, kv_heads, s, d = x.shape
     b, band = layout.block, layout.band_length
-    first = start + blocks.start * b
-    bands = padded[:, :, first : first + (len(blocks) - 1) * b + band].unfold(
-        2, band, b
-    )  # (B, K, n, D, band)
-    bands = bands.permute(0, 2, 1, 4, 3)  # (B, n, K, band, D)
+    lo = layout.band_start + blocks.start * b
+    hi = lo + (len(blocks) - 1) * b + band
+    region = x[:, :, max(lo, 0) : min(hi, s)]
+    if lo < 0 or hi > s:
+        region = F.pad(region, (0, 0, max(0, -lo), max(0, hi - s)))
+    bands = region.unfold(2, band, b).permute(0, 2, 1, 4, 3)  # (B, n, K, band, D)
     if layout.extra_keys is None:
         return bands
     idx = layout.extra_keys[:, blocks.start : blocks.stop].expand(batch, -1, -1)  # (B, n, E)
@@ -196,23 +189,20 @@ def sparse_attention_forward(
     kv_heads = key.shape[1]
     groups = heads // kv_heads
     n, b = layout.n_blocks, layout.block
-    q = F.pad(query, (0, 0, layout.front, n * b - layout.front - t))  # (B, H, N*b, D)
+    back = n * b - layout.front - t
+    q = F.pad(query, (0, 0, layout.front, back)) if layout.front or back else query  # (B, H, N*b, D)
     # The G query heads that share a kv head become rows of the same block: (B, N, K, G, b, D).
     q = q.view(batch, kv_heads, groups, n, b, d).permute(0, 3, 1, 2, 4, 5)
-    k_pad, k_start = _padded(key, layout)
-    v_pad, v_start = _padded(value, layout)
     width = layout.band_length + (layout.extra_keys.shape[-1] if layout.extra_keys is not None else 0)
     per_chunk = max(1, CHUNK_BYTES // (2 * batch * kv_heads * width * d * key.element_size()))
     if torch.is_grad_enabled() and (query.requires_grad or key.requires_grad or value.requires_grad):
-        # Backward keeps every chunk's gathered keys anyway, and slicing the padded keys per chunk
-        # would make each chunk's backward allocate a full-size gradient: one call for all blocks.
-        per_chunk = n
-    outs = []
+        per_chunk = n  # backward keeps every block's gathered keys anyway: one call
+    out = query.new_empty(batch, n * b, kv_heads, groups, d)  # written chunk by chunk, in the final layout
     for j in range(0, n, per_chunk):
         blocks = range(j, min(j + per_chunk, n))
         m = len(blocks)
-        k = _gather_keys(k_pad, k_start, key, layout, blocks).reshape(batch * m, kv_heads, -1, d)
-        v = _gather_keys(v_pad, v_start, value, layout, blocks).reshape(batch * m, kv_heads, -1, d)
+        k = _gather_keys(key, layout, blocks).reshape(batch * m, kv_heads, width, d)
+        v = _gather_keys(value, layout, blocks).reshape(batch * m, kv_heads, width, d)
         mask = layout.mask[:, j : j + m]  # (B, m, 1 or H, b, L)
         mask = mask.expand(batch, m, mask.shape[2], b, width)
         if mask.shape[2] == 1:
@@ -220,26 +210,22 @@ def sparse_attention_forward(
         else:
             mask = mask.reshape(batch * m, kv_heads, groups * b, width)
         q_chunk = q[:, j : j + m].reshape(batch * m, kv_heads, groups * b, d)
-        out = F.scaled_dot_product_attention(q_chunk, k, v, attn_mask=mask, dropout_p=dropout, scale=scaling)
-        outs.append(out.view(batch, m, kv_heads, groups, b, d))
-    out = torch.cat(outs, dim=1).permute(0, 2, 3, 1, 4, 5).reshape(batch, heads, n * b, d)
-    out = out[:, :, layout.front : layout.front + t]  # (B, H, T, D)
+        o = F.scaled_dot_product_attention(q_chunk, k, v, attn_mask=mask, dropout_p=dropout, scale=scaling)
+        o = o.view(batch, m, kv_heads, groups, b, d).permute(0, 1, 4, 2, 3, 5)  # (B, m, b, K, G, D)
+        out[:, j * b : (j + m) * b] = o.reshape(batch, m * b, kv_heads, groups, d)
+    out = (
+        out[:, layout.front : layout.front + t].view(batch, t, heads, d)
+        if not (layout.front or back)
+        else (out[:, layout.front : layout.front + t].reshape(batch, t, heads, d))
+    )  # (B, T, H, D)
     if layout.global_rows is not None:
         rows = layout.global_rows.clamp(min=0)  # (B, R)
-        index = rows[:, None, :, None].expand(-1, heads, -1, d)
-        dense = _sdpa(
-            module,
-            torch.gather(query, 2, index),
-            key,
-            value,
-            layout.global_mask,
-            scaling,
-            dropout,
-            transpose=False,
-        )
-        keep = (layout.global_rows >= 0)[:, None, :, None]
-        out = out.scatter(2, index, torch.where(keep, dense, torch.gather(out, 2, index)))
-    return out.transpose(1, 2).contiguous(), None
+        index = rows[:, :, None, None].expand(-1, -1, heads, d)
+        q_rows = torch.gather(query, 2, rows[:, None, :, None].expand(-1, heads, -1, d))
+        dense = _sdpa(module, q_rows, key, value, layout.global_mask, scaling, dropout)  # (B, R, H, D)
+        keep = (layout.global_rows >= 0)[:, :, None, None]
+        out = out.scatter(1, index, torch.where(keep, dense, torch.gather(out, 1, index)))
+    return out, None
 
 
 def _sdpa(module, query, key, value, mask, scaling, dropout, transpose=True):
