@@ -147,7 +147,7 @@ LOWERINGS["sparse"] = lower_sparse
 
 # Query blocks handled per SDPA call without gradients: bounds the gathered keys and values (and keeps
 # them in cache while the kernel reads them). Measured on a 2-core CPU; see benchmarks/attention_sparse.py.
-CHUNK_BYTES = 8 * 2**20
+CHUNK_BYTES = 4 * 2**20
 
 
 def _gather_keys(x: torch.Tensor, layout: BlockLayout, blocks: range) -> torch.Tensor:
@@ -213,11 +213,7 @@ def sparse_attention_forward(
         o = F.scaled_dot_product_attention(q_chunk, k, v, attn_mask=mask, dropout_p=dropout, scale=scaling)
         o = o.view(batch, m, kv_heads, groups, b, d).permute(0, 1, 4, 2, 3, 5)  # (B, m, b, K, G, D)
         out[:, j * b : (j + m) * b] = o.reshape(batch, m * b, kv_heads, groups, d)
-    out = (
-        out[:, layout.front : layout.front + t].view(batch, t, heads, d)
-        if not (layout.front or back)
-        else (out[:, layout.front : layout.front + t].reshape(batch, t, heads, d))
-    )  # (B, T, H, D)
+    out = out[:, layout.front : layout.front + t].reshape(batch, t, heads, d).contiguous()  # (B, T, H, D)
     if layout.global_rows is not None:
         rows = layout.global_rows.clamp(min=0)  # (B, R)
         index = rows[:, :, None, None].expand(-1, -1, heads, d)
