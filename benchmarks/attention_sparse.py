@@ -84,6 +84,32 @@ def timed(fn, repeats: int, budget: float = 3.0) -> float:
     return min(times)
 
 
+def interleaved(fns: dict, rounds: int = 10) -> dict:
+    """Best time of each function, the functions run in turn so they share the machine's state."""
+    for fn in fns.values():
+        fn()
+    best = dict.fromkeys(fns, float("inf"))
+    for _ in range(rounds):
+        for name, fn in fns.items():
+            start = time.perf_counter()
+            fn()
+            best[name] = min(best[name], time.perf_counter() - start)
+    return best
+
+
+def scaling_16k_over_8k() -> float:
+    """Sparse time at 16k over 8k, runs interleaved (the ratio of two separately measured minima
+    swings with whatever else the shared machine does between them)."""
+    fns = {}
+    for n in (8192, 16384):
+        torch.manual_seed(0)
+        q, k, v = (torch.randn(1, HEADS, n, HEAD_DIM) for _ in range(3))
+        fns[n] = attention_call("sparse", make_pattern(n, "sliding_global"), q, k, v)
+    with torch.no_grad():
+        best = interleaved(fns)
+    return best[16384] / best[8192]
+
+
 def matmul_peak_gflops() -> float:
     a, b = torch.randn(2048, 2048), torch.randn(2048, 2048)
     return 2 * 2048**3 / timed(lambda: a @ b, 10) / 1e9
@@ -314,7 +340,7 @@ def main():
         ("sparse vs SDPA-dense, forward at 8k", t8["sdpa"] / t8["sparse"], ">= 10x"),
         ("sparse vs compiled flex, forward at 8k", t8["flex_attention"] / t8["sparse"], ">= 2x"),
         ("sparse useful GFLOP/s / matmul peak at 8k", flops8 / t8["sparse"] / 1e9 / peak, ">= 40%"),
-        ("sparse time 16k / 8k", results[(16384, "sliding_global", "sparse")][0] / t8["sparse"], "<= 2.3"),
+        ("sparse time 16k / 8k (interleaved runs)", scaling_16k_over_8k(), "<= 2.3"),
         (
             "sparse peak memory / SDPA-dense peak memory at 16k",
             results[(16384, "sliding_global", "sparse")][1] / results[(16384, "sliding_global", "sdpa")][1],

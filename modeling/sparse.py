@@ -98,21 +98,24 @@ def lower_sparse(pattern: AttentionPattern, dtype):
         else torch.cat([band_abs[None].expand(batch, -1, -1), extra_abs], -1)
     )
 
-    # The same predicate as the dense backends, on the gathered indices (B, N, b, L).
+    # The same predicate as the dense backends, on the gathered indices, evaluated a few blocks at a
+    # time (int32, cache-sized temporaries) straight into the additive mask (B, N, 1, b, L).
     q_abs = block_start[:, None] + torch.arange(b, device=device)  # (N, b)
-    bidx = torch.arange(batch, device=device)[:, None, None, None]
-    # int32 indices: the predicate runs over (B, N, b, L) elements, half the bytes of int64
-    allowed = pattern.allowed(bidx, q_abs.int()[None, :, :, None], key_abs.int()[:, :, None, :])
-    # Rows that only pad the blocks (before the first or after the last query) see nothing.
     real_row = (q_abs >= pattern.query_offset) & (q_abs < pattern.query_offset + pattern.query_length)
-    allowed = allowed & real_row[None, :, :, None]
     if counted is not None:
         band_counted = torch.ones(batch, n_blocks, band_length, dtype=torch.bool, device=device)
-        allowed = allowed & torch.cat([band_counted, counted], dim=-1)[:, :, None, :]
-    neg_inf = torch.full((), float("-inf"), dtype=dtype, device=device)
-    mask = torch.where(allowed, torch.zeros((), dtype=dtype, device=device), neg_inf)[
-        :, :, None
-    ]  # (B, N, 1, b, L)
+        counted = torch.cat([band_counted, counted], dim=-1)  # (B, N, L)
+    bidx = torch.arange(batch, device=device)[:, None, None, None]
+    q32, k32 = q_abs.int(), key_abs.int()
+    mask = torch.empty(batch, n_blocks, 1, b, key_abs.shape[-1], dtype=dtype, device=device)
+    step = max(1, 2**18 // (b * key_abs.shape[-1]))
+    for j in range(0, n_blocks, step):
+        part = slice(j, j + step)
+        allowed = pattern.allowed(bidx, q32[None, part, :, None], k32[:, part, None, :])  # (B, n, b, L)
+        allowed = allowed & real_row[None, part, :, None]
+        if counted is not None:
+            allowed = allowed & counted[:, part, None, :]
+        mask[:, part, 0] = torch.zeros((), dtype=dtype, device=device).masked_fill(~allowed, float("-inf"))
     if pattern.bias_fn is not None:
         k_local = (key_abs - pattern.key_offset).clamp(0, pattern.key_length - 1).expand(batch, -1, -1)
         k_pos = torch.gather(pattern.key_pos, 1, k_local.reshape(batch, -1)).view(batch, n_blocks, 1, -1)

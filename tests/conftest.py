@@ -108,3 +108,31 @@ def report(request):
         print(f"\n[{request.node.name}] {label}: {value:.3e}")
 
     return _report
+
+
+def cached_step_diffs(model, ids, mask, max_new_tokens: int) -> list[float]:
+    """Greedy generate() with the KV cache; for every step, max |its logits - the logits of an uncached
+    forward over the same prefix|. Checked per step, not on tokens: tiny random models often pick the
+    same tokens when the cache is wrong."""
+    out = model.generate(
+        ids,
+        attention_mask=mask,
+        max_new_tokens=max_new_tokens,
+        do_sample=False,
+        output_logits=True,
+        return_dict_in_generate=True,
+        pad_token_id=0,
+    )
+    diffs = []
+    for step, logits in enumerate(out.logits):
+        with torch.no_grad():
+            if model.config.is_encoder_decoder:
+                prefix = out.sequences[:, : step + 1]
+                ref = model(ids, attention_mask=mask, decoder_input_ids=prefix, use_cache=False).logits[:, -1]
+            else:
+                prefix = out.sequences[:, : ids.shape[1] + step]
+                prefix_mask = torch.cat([mask, torch.ones(mask.shape[0], step, dtype=mask.dtype)], dim=1)
+                ref = model(prefix, attention_mask=prefix_mask, use_cache=False).logits[:, -1]
+        diffs.append(max_diff(logits, ref))
+    assert len(diffs) == max_new_tokens
+    return diffs

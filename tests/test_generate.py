@@ -10,7 +10,7 @@ import torch
 
 import swapformer
 
-from conftest import build, max_diff, padded_batch, tiny_config
+from conftest import build, cached_step_diffs, padded_batch, tiny_config
 
 
 @pytest.mark.parametrize("attn", ["eager", "sdpa"])
@@ -22,22 +22,7 @@ def test_decoder_cached_steps_equal_uncached_forward(position, attn):
         attn=attn,
     )
     ids, mask = padded_batch(batch=2, length=6, padding="left")
-    out = model.generate(
-        ids,
-        attention_mask=mask,
-        max_new_tokens=5,
-        do_sample=False,
-        output_logits=True,
-        return_dict_in_generate=True,
-        pad_token_id=0,
-    )
-    seq = out.sequences
-    for step, logits in enumerate(out.logits):
-        prefix = seq[:, : ids.shape[1] + step]
-        prefix_mask = torch.cat([mask, torch.ones(2, step, dtype=mask.dtype)], dim=1)
-        with torch.no_grad():
-            ref = model(prefix, attention_mask=prefix_mask, use_cache=False).logits[:, -1]
-        assert max_diff(logits, ref) <= 1e-4, f"step {step}"
+    assert max(cached_step_diffs(model, ids, mask, 5)) <= 1e-4
 
 
 def test_left_padding_does_not_change_a_rows_generation():
@@ -60,17 +45,4 @@ def test_seq2seq_cached_steps_equal_uncached_forward(position):
         attn="sdpa",
     )
     ids, mask = padded_batch(batch=2, length=7, padding="right")
-    out = model.generate(
-        ids,
-        attention_mask=mask,
-        max_new_tokens=5,
-        do_sample=False,
-        output_logits=True,
-        return_dict_in_generate=True,
-    )
-    for step, logits in enumerate(out.logits):
-        with torch.no_grad():
-            ref = model(
-                ids, attention_mask=mask, decoder_input_ids=out.sequences[:, : step + 1], use_cache=False
-            ).logits[:, -1]
-        assert max_diff(logits, ref) <= 1e-4, f"step {step}"
+    assert max(cached_step_diffs(model, ids, mask, 5)) <= 1e-4

@@ -18,7 +18,7 @@ from swapformer.modeling import masks as masks_module
 from swapformer.modeling.attention import attention_weights
 from swapformer.modeling.masks import random_block_table
 
-from conftest import build, max_diff, padded_batch, tiny_config
+from conftest import build, cached_step_diffs, max_diff, padded_batch, tiny_config
 
 LAYER_TYPES = ["full_attention", "sliding_attention", "sliding_global_attention", "bigbird_attention"]
 KINDS = {"decoder": "causal", "encoder": "bidirectional", "seq2seq": "cross"}
@@ -397,21 +397,7 @@ def test_cached_decoding_equals_uncached_forward(attn, layer_type):
     config = pattern_config("decoder", layer_type, attention_block_size=4, num_key_value_heads=2)
     model = build(swapformer.DecoderForCausalLM, config, attn=attn)
     ids, mask = padded_batch(batch=2, length=9, padding="left")
-    out = model.generate(
-        ids,
-        attention_mask=mask,
-        max_new_tokens=12,
-        do_sample=False,
-        output_logits=True,
-        return_dict_in_generate=True,
-        pad_token_id=0,
-    )
-    for step, logits in enumerate(out.logits):
-        prefix = out.sequences[:, : ids.shape[1] + step]
-        prefix_mask = torch.cat([mask, torch.ones(2, step, dtype=mask.dtype)], 1)
-        with torch.no_grad():
-            ref = model(prefix, attention_mask=prefix_mask, use_cache=False).logits[:, -1]
-        assert max_diff(logits, ref) <= 1e-4, f"step {step}"
+    assert max(cached_step_diffs(model, ids, mask, 12)) <= 1e-4
 
 
 @pytest.mark.parametrize("attn", ["sparse", "sdpa"])
@@ -421,20 +407,7 @@ def test_seq2seq_with_sliding_decoder_keeps_every_encoder_key(attn):
     )
     model = build(swapformer.Seq2SeqForConditionalGeneration, config, attn=attn)
     ids, mask = padded_batch(batch=2, length=11, padding="right")
-    out = model.generate(
-        ids,
-        attention_mask=mask,
-        max_new_tokens=8,
-        do_sample=False,
-        output_logits=True,
-        return_dict_in_generate=True,
-    )
-    for step, logits in enumerate(out.logits):
-        with torch.no_grad():
-            ref = model(
-                ids, attention_mask=mask, decoder_input_ids=out.sequences[:, : step + 1], use_cache=False
-            ).logits[:, -1]
-        assert max_diff(logits, ref) <= 1e-4, f"step {step}"
+    assert max(cached_step_diffs(model, ids, mask, 8)) <= 1e-4
 
 
 @pytest.mark.parametrize("layer_type", ["sliding_global_attention", "bigbird_attention"])
