@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from transformers import PreTrainedConfig
 
-from .backends import PER_LAYER_BACKEND, check_backend_name, check_layer_backends
+from .backends import LAYER_TYPE_PATTERN, PER_LAYER_BACKEND, check_backend_name, check_layer_backends
 
 POSITION_TYPES = ("learned", "sinusoidal", "rope", "alibi", "relative_bias", "none")
 NORM_TYPES = ("layernorm", "rmsnorm")
@@ -34,7 +34,7 @@ ACTIVATIONS = (
     "tanh",
 )
 INITIALIZERS = ("normal", "xavier")
-LAYER_TYPES = ("full_attention", "sliding_attention", "sliding_global_attention", "bigbird_attention")
+LAYER_TYPES = tuple(LAYER_TYPE_PATTERN)
 
 
 def _check_int(name: str, value, minimum: int) -> None:

@@ -35,13 +35,6 @@ from dataclasses import dataclass
 
 import torch
 
-PATTERN_KINDS = {
-    "full_attention": "full",
-    "sliding_attention": "sliding",
-    "sliding_global_attention": "sliding_global",
-    "bigbird_attention": "bigbird",
-}
-
 
 def random_block_table(
     seed: int, n_query_blocks: int, n_key_blocks: int, per_block: int, causal: bool, device=None

@@ -21,8 +21,9 @@ from transformers.cache_utils import (
     StaticLayer,
 )
 
+from ..configuration.backends import LAYER_TYPE_PATTERN
 from .layers import Block, alibi_bias, make_norm, relative_position_bucket, rope_cos_sin, sinusoidal_embedding
-from .masks import PATTERN_KINDS, AttentionPattern, lower, random_block_table
+from .masks import AttentionPattern, lower, random_block_table
 
 # transformers builds cache layers from `config.layer_types`. Sliding layers already have a windowed
 # cache there; window + global (+ random) layers must keep every key, since global tokens (and random
@@ -140,16 +141,12 @@ class StackMixin:
         has_bias = cfg.position_embedding_type in ("alibi", "relative_bias")
         patterns = {}
         for layer_type in dict.fromkeys(self.layer_types):
-            kind = PATTERN_KINDS[layer_type]
+            kind = LAYER_TYPE_PATTERN[layer_type]
             if cache is not None:
                 kv_length, kv_offset = cache.get_mask_sizes(t, self.layer_types.index(layer_type))
             else:
                 kv_length, kv_offset = total, 0
-
-            def keys(x, fill, offset=kv_offset, length=kv_length):
-                return cache_slice(x, offset, length, fill)
-
-            valid = keys(key_valid, False)
+            valid = cache_slice(key_valid, kv_offset, kv_length, False)
             pattern = AttentionPattern(
                 kind=kind,
                 causal=self.causal,
@@ -167,7 +164,7 @@ class StackMixin:
                 block_size=cfg.attention_block_size,
                 bias_fn=self.pair_bias if has_bias else None,
                 query_pos=query_pos,
-                key_pos=keys(key_pos, 0),
+                key_pos=cache_slice(key_pos, kv_offset, kv_length, 0),
             )
             if kind in ("sliding_global", "bigbird"):
                 is_global = key_pos < cfg.global_tokens  # (B, total)
@@ -175,7 +172,7 @@ class StackMixin:
                     is_global = is_global | global_mask.bool()
                 if key_valid is not None:
                     is_global = is_global & key_valid
-                pattern.global_keys = keys(is_global, False)
+                pattern.global_keys = cache_slice(is_global, kv_offset, kv_length, False)
                 pattern.global_queries = is_global[:, past:]
             if kind == "bigbird":
                 bs = cfg.attention_block_size
