@@ -56,6 +56,11 @@ class SwapformerPreTrainedModel(PreTrainedModel):
             raise
         config._attn_implementation_internal = PER_LAYER_BACKEND
 
+    def create_masks_for_generate(self, config=None, inputs_embeds=None, attention_mask=None, **kwargs):
+        """generate() calls this for compileable (static) caches to pre-build transformers' 4-D masks;
+        swapformer builds its own masks from the 2-D padding mask, so it passes that through."""
+        return attention_mask
+
     # Initialisation -----------------------------------------------------------------------------
 
     def _init_weights(self, module: nn.Module) -> None:

@@ -10,7 +10,7 @@ import torch
 
 import swapformer
 
-from conftest import build, cached_step_diffs, padded_batch, tiny_config
+from conftest import build, cached_step_diffs, max_diff, padded_batch, tiny_config
 
 
 @pytest.mark.parametrize("attn", ["eager", "sdpa"])
@@ -46,3 +46,28 @@ def test_seq2seq_cached_steps_equal_uncached_forward(position):
     )
     ids, mask = padded_batch(batch=2, length=7, padding="right")
     assert max(cached_step_diffs(model, ids, mask, 5)) <= 1e-4
+
+
+@pytest.mark.parametrize("arch", ["decoder", "seq2seq"])
+def test_static_cache_generates_what_the_dynamic_cache_does(arch):
+    """generate(cache_implementation="static") goes through transformers' compileable-cache path,
+    which asks the model for its masks (create_masks_for_generate): swapformer keeps its own."""
+    model_class = (
+        swapformer.DecoderForCausalLM if arch == "decoder" else swapformer.Seq2SeqForConditionalGeneration
+    )
+    model = build(
+        model_class, tiny_config(arch, position_embedding_type="rope", num_key_value_heads=2), attn="sdpa"
+    )
+    ids, mask = padded_batch(batch=2, length=6, padding="left" if arch == "decoder" else "right")
+    kw = dict(
+        attention_mask=mask,
+        max_new_tokens=6,
+        do_sample=False,
+        pad_token_id=0,
+        output_logits=True,
+        return_dict_in_generate=True,
+    )
+    dynamic = model.generate(ids, **kw)
+    static = model.generate(ids, cache_implementation="static", **kw)
+    assert torch.equal(dynamic.sequences, static.sequences)
+    assert max(max_diff(a, b) for a, b in zip(dynamic.logits, static.logits)) <= 1e-5
