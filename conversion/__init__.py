@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import copy
 
-from . import bart, bert, llama
+from . import bart, bert, gpt2, llama
 from .rules import ConversionError, Rule, convert_state_dict, expected_target_keys
 
-FAMILIES = {"bert": bert, "llama": llama, "bart": bart}
+FAMILIES = {"bert": bert, "gpt2": gpt2, "llama": llama, "bart": bart}
 
 
 def from_hf_model(hf_model, target_class, family: str | None = None):

@@ -19,16 +19,25 @@ import torch
 class Rule:
     """Source keys matching `pattern` (a full-match regex) become `replacement` (with \\1 groups).
 
-    `transform` changes the tensor on the way, e.g. `drop_rows(2)` for BART's position offset.
+    `transform` changes the tensor on the way, e.g. `drop_rows(2)` for BART's position offset. A
+    tuple of replacements splits one fused tensor into several: `transform` then returns one tensor
+    per replacement (GPT-2's c_attn into q, k and v).
     """
 
     pattern: str
-    replacement: str
-    transform: Callable[[torch.Tensor], torch.Tensor] | None = None
+    replacement: str | tuple[str, ...]
+    transform: Callable | None = None
 
-    def apply(self, key: str) -> str | None:
+    def apply(self, key: str) -> tuple[str, ...] | None:
         match = re.fullmatch(self.pattern, key)
-        return match.expand(self.replacement) if match else None
+        if not match:
+            return None
+        replacements = self.replacement if isinstance(self.replacement, tuple) else (self.replacement,)
+        return tuple(match.expand(r) for r in replacements)
+
+    def tensors(self, tensor: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        out = self.transform(tensor) if self.transform else tensor
+        return out if isinstance(self.replacement, tuple) else (out,)
 
 
 def drop_rows(n: int) -> Callable[[torch.Tensor], torch.Tensor]:
@@ -38,6 +47,23 @@ def drop_rows(n: int) -> Callable[[torch.Tensor], torch.Tensor]:
         return t[n:].clone()
 
     transform.__name__ = f"drop_rows({n})"
+    return transform
+
+
+def transpose(t: torch.Tensor) -> torch.Tensor:
+    """GPT-2's Conv1D stores weights as (in, out); nn.Linear as (out, in)."""
+    return t.t().contiguous()
+
+
+def split_last(parts: int, transposed: bool) -> Callable[[torch.Tensor], tuple[torch.Tensor, ...]]:
+    """Split a fused projection into `parts` equal pieces along its output dimension (the last of a
+    Conv1D weight or of a bias), transposing weights to nn.Linear's layout when `transposed`."""
+
+    def transform(t: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        pieces = t.chunk(parts, dim=-1)
+        return tuple(p.t().contiguous() if transposed else p.contiguous() for p in pieces)
+
+    transform.__name__ = f"split_last({parts})"
     return transform
 
 
@@ -73,16 +99,17 @@ def convert_state_dict(
     unmapped, duplicated = [], []
     for key, tensor in state_dict.items():
         for rule in rules:
-            target = rule.apply(key)
-            if target is not None:
+            targets = rule.apply(key)
+            if targets is not None:
                 break
         else:
             if not any(p.fullmatch(key) for p in drop):
                 unmapped.append(key)
             continue
-        if target in out:
-            duplicated.append(target)
-        out[target] = rule.transform(tensor) if rule.transform else tensor
+        for target, piece in zip(targets, rule.tensors(tensor)):
+            if target in out:
+                duplicated.append(target)
+            out[target] = piece
     problems = []
     if unmapped:
         problems.append(f"source keys no rule maps: {_listing(unmapped)}")

@@ -182,8 +182,27 @@ def test_converter_refuses_unmapped_and_missing_keys():
     assert "attention.self.extra.weight" in str(err.value) and "embed_tokens.weight" in str(err.value)
 
 
-def test_unsupported_family_lists_the_supported_ones():
-    from transformers import GPT2Config, GPT2Model
+@pytest.mark.parametrize("attn", BACKENDS)
+def test_gpt2_matches_gpt2lmheadmodel(attn, report):
+    """Conv1D weights are transposed and the fused c_attn split into q, k, v."""
+    from transformers import GPT2Config, GPT2LMHeadModel
 
-    with pytest.raises(ValueError, match="model_type='gpt2'.*bart, bert, llama"):
-        from_hf_model(GPT2Model(GPT2Config(n_layer=1, n_embd=32, n_head=2)), swapformer.DecoderModel)
+    config = GPT2Config(
+        n_layer=2, n_embd=48, n_head=4, vocab_size=97, n_positions=64, attn_implementation=attn
+    )
+    hf, ours = pair(GPT2LMHeadModel(config), swapformer.DecoderForCausalLM, attn)
+    ids, mask = padded_batch(padding="right")
+    with torch.no_grad():
+        diff = max_diff(ours(ids, attention_mask=mask).logits, hf(ids, attention_mask=mask).logits, mask)
+    report("GPT-2 logits max abs diff", diff)
+    assert diff <= TOL
+
+
+def test_unsupported_family_lists_the_supported_ones():
+    from transformers import OPTConfig, OPTModel
+
+    model = OPTModel(
+        OPTConfig(num_hidden_layers=1, hidden_size=32, num_attention_heads=2, ffn_dim=64, vocab_size=100)
+    )
+    with pytest.raises(ValueError, match="model_type='opt'.*bart, bert, gpt2, llama"):
+        from_hf_model(model, swapformer.DecoderModel)
