@@ -160,7 +160,7 @@ def measure_memory():
         prompt = torch.randint(5, 1000, (1, PROMPT))
         for label, model in (("transformers", hf), ("swapformer", ours)):
             generate(model, prompt)
-            out[f"{name}|{label}"] = peak_extra_mib(lambda m=model: generate(m, prompt))
+            out[f"{name}|{label}"] = peak_extra_mib(lambda m=model, p=prompt: generate(m, p))
     print(json.dumps(out))
 
 
