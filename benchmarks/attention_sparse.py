@@ -23,14 +23,13 @@ size with attention_window=512 (the same +-256 window) and the first token globa
 from __future__ import annotations
 
 import argparse
-import gc
 import json
 import os
 import subprocess
 import sys
-import time
 
 import torch
+from measure import interleaved, peak_extra_mib, timed
 from transformers import LongformerConfig, LongformerModel
 
 import swapformer
@@ -52,49 +51,6 @@ class Layer(torch.nn.Module):
     def __init__(self, backend):
         super().__init__()
         self.config = swapformer.EncoderConfig(attn_implementation=backend)
-
-
-def rss_kib(field: str) -> int:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(field):
-                return int(line.split()[1])
-    raise RuntimeError(field)
-
-
-def peak_extra_mib(fn) -> float:
-    gc.collect()
-    with open("/proc/self/clear_refs", "w") as f:
-        f.write("5")
-    before = rss_kib("VmRSS")
-    result = fn()
-    peak = rss_kib("VmHWM")
-    del result
-    return (peak - before) / 1024
-
-
-def timed(fn, repeats: int, budget: float = 3.0) -> float:
-    """Best of `repeats` runs, or of more while they fit in `budget` seconds (at most 20)."""
-    fn()  # warm-up (and, for flex, compilation)
-    times = []
-    while len(times) < repeats or (sum(times) < budget and len(times) < 20):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return min(times)
-
-
-def interleaved(fns: dict, rounds: int = 10) -> dict:
-    """Best time of each function, the functions run in turn so they share the machine's state."""
-    for fn in fns.values():
-        fn()
-    best = dict.fromkeys(fns, float("inf"))
-    for _ in range(rounds):
-        for name, fn in fns.items():
-            start = time.perf_counter()
-            fn()
-            best[name] = min(best[name], time.perf_counter() - start)
-    return best
 
 
 def scaling_16k_over_8k() -> float:

@@ -17,7 +17,6 @@ bandwidth (a large tensor summed), so the table shows how close decoding is to t
 from __future__ import annotations
 
 import argparse
-import gc
 import json
 import os
 import subprocess
@@ -25,6 +24,7 @@ import sys
 import time
 
 import torch
+from measure import interleaved, peak_extra_mib
 from transformers import (
     BartConfig,
     BartForConditionalGeneration,
@@ -129,20 +129,6 @@ def memory_bandwidth_gbs() -> float:
     return x.numel() * 4 / best / 1e9
 
 
-def peak_extra_mib(fn) -> float:
-    gc.collect()
-    with open("/proc/self/clear_refs", "w") as f:
-        f.write("5")
-    before = _status("VmRSS")
-    fn()
-    return (_status("VmHWM") - before) / 1024
-
-
-def _status(field):
-    with open("/proc/self/status") as f:
-        return next(int(line.split()[1]) for line in f if line.startswith(field))
-
-
 def memory_child() -> dict:
     env = dict(os.environ, MALLOC_MMAP_THRESHOLD_="65536")
     done = subprocess.run(
@@ -188,12 +174,13 @@ def main():
         hf, ours = build(name)
         prompt = torch.randint(5, 1000, (1, PROMPT))
         same = torch.equal(generate(hf, prompt), generate(ours, prompt))
-        best = {"transformers": float("inf"), "swapformer": float("inf")}
-        for _ in range(args.rounds):
-            for label, model in (("transformers", hf), ("swapformer", ours)):
-                start = time.perf_counter()
-                generate(model, prompt)
-                best[label] = min(best[label], time.perf_counter() - start)
+        best = interleaved(
+            {
+                "transformers": lambda m=hf, p=prompt: generate(m, p),
+                "swapformer": lambda m=ours, p=prompt: generate(m, p),
+            },
+            args.rounds,
+        )
         tok = {k: NEW / v for k, v in best.items()}
         per_token = weight_bytes_per_token(ours)
         limit = bandwidth * 1e9 / per_token

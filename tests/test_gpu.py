@@ -14,10 +14,11 @@ import time
 
 import pytest
 import torch
+from test_patterns import pattern_config
 
 import swapformer
 
-from conftest import build, max_diff, padded_batch, tiny_config
+from conftest import build, max_diff, padded_batch
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 LENGTH = 96
@@ -25,20 +26,15 @@ LENGTH = 96
 
 def cuda_model(arch, layer_type, dtype, **overrides):
     options = dict(
-        layer_types=[layer_type, "full_attention"],
         sliding_window=9,
         attention_block_size=16,
-        global_tokens=2,
-        num_random_blocks=1,
-        position_embedding_type="rope",
         num_key_value_heads=2,
         hidden_size=64,
-        num_attention_heads=4,
         max_position_embeddings=128,
     )
     options.update(overrides)
     model_class = swapformer.EncoderModel if arch == "encoder" else swapformer.DecoderModel
-    return build(model_class, tiny_config(arch, **options)).to("cuda", dtype)
+    return build(model_class, pattern_config(arch, layer_type, **options)).to("cuda", dtype)
 
 
 def run(model, attn, ids, mask):

@@ -1,0 +1,50 @@
+"""Measurement helpers shared by the benchmarks: best-of timing and peak resident memory."""
+
+from __future__ import annotations
+
+import gc
+import time
+
+
+def status_kib(field: str) -> int:
+    """A `/proc/self/status` field in KiB (VmRSS: resident now, VmHWM: high-water mark)."""
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith(field))
+
+
+def peak_extra_mib(fn) -> float:
+    """Growth of the resident set above what the process held before `fn()` ran, in MiB. The kernel's
+    high-water mark is reset through /proc/self/clear_refs first. Run it where freed memory goes back
+    to the system at once (MALLOC_MMAP_THRESHOLD_=65536), or earlier buffers hide new ones."""
+    gc.collect()
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")
+    before = status_kib("VmRSS")
+    result = fn()
+    peak = status_kib("VmHWM")
+    del result
+    return (peak - before) / 1024
+
+
+def timed(fn, repeats: int, budget: float = 3.0) -> float:
+    """Best of `repeats` runs after a warm-up, or of more while they fit in `budget` s (at most 20)."""
+    fn()  # warm-up (and, for compiled kernels, compilation)
+    times = []
+    while len(times) < repeats or (sum(times) < budget and len(times) < 20):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return min(times)
+
+
+def interleaved(fns: dict, rounds: int = 10) -> dict:
+    """Best time of each function, the functions run in turn so they share the machine's state."""
+    for fn in fns.values():
+        fn()
+    best = dict.fromkeys(fns, float("inf"))
+    for _ in range(rounds):
+        for name, fn in fns.items():
+            start = time.perf_counter()
+            fn()
+            best[name] = min(best[name], time.perf_counter() - start)
+    return best
