@@ -291,9 +291,6 @@ class SwapformerConfig(PreTrainedConfig):
                     "use full_attention layers or a smaller window"
                 )
 
-    def validate_layer_type(self):
-        """transformers' own check knows only its layer type names; swapformer checks its own in `_validate`."""
-
     def validate(self) -> None:
         """The check `save_pretrained` runs: swapformer's validation, then transformers' validators except
         its layer-type one (which rejects swapformer's window + global and BigBird layer types)."""
