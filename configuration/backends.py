@@ -111,10 +111,6 @@ UNSUPPORTED = {
 }
 
 
-def supported_backends() -> tuple[str, ...]:
-    return tuple(BACKENDS)
-
-
 def check_backend_name(name) -> str:
     """Return `name` if swapformer runs it, else raise a ValueError that says what to use."""
     if name in BACKENDS or name == PER_LAYER_BACKEND:
