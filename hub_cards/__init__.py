@@ -1,0 +1,1 @@
+"""Model-card templates rendered into Hub-ready folders (package data)."""

@@ -1,0 +1,1 @@
+"""Training: the `swapformer train` job (Accelerate loop, data, tokenizer training, metrics)."""
