@@ -6,9 +6,10 @@ cross-attention) and lowered once for the backend that runs it. Layers never bui
 Predicates take broadcastable index tensors `(b, q, k)`: batch row, absolute query index and
 absolute key index (a query of this step with P tokens cached has index P + i; a key at position j
 of the key tensor handed to attention has index `key_offset + j`, which is nonzero when a
-sliding-window cache dropped old keys). They are plain tensor expressions, so they evaluate densely
-(eager, sdpa), on gathered blocks (sparse) and under vmap (flex's `mask_mod`), and every backend
-therefore computes the same function.
+sliding-window cache dropped old keys; a window + global cache hands over its kept leading tokens
+first: keys j < `key_prefix` have index j, the rest `key_offset + j - key_prefix`). They are plain
+tensor expressions, so they evaluate densely (eager, sdpa), on gathered blocks (sparse) and under
+vmap (flex's `mask_mod`), and every backend therefore computes the same function.
 
     allowed(q, k) = in_cache(k) & not_padding(k) & [k <= q if causal] & structure(q, k)
 
@@ -62,6 +63,8 @@ class AttentionPattern:
         kind: "full", "sliding", "sliding_global" or "bigbird".
         query_offset, query_length: absolute index of the first query, number of queries T.
         key_offset, key_length: absolute index of the first key in the key tensor, its length S.
+        key_prefix: leading keys that are the first tokens (absolute 0..key_prefix-1), kept by a
+            window + global cache ahead of the window; the key at `key_prefix` has index `key_offset`.
         total_length: tokens seen so far (P + T); key slots at or beyond it are empty cache rows.
         key_valid: (B, S) False for padding keys, or None.
         global_keys: (B, S) keys everyone attends; global_queries: (B, T) queries attending all.
@@ -80,6 +83,7 @@ class AttentionPattern:
     total_length: int
     device: torch.device
     key_valid: torch.Tensor | None = None
+    key_prefix: int = 0
     window: int | None = None
     global_keys: torch.Tensor | None = None
     global_queries: torch.Tensor | None = None
@@ -95,10 +99,25 @@ class AttentionPattern:
         d = q - k
         return (d < self.window) if self.causal else (d.abs() < self.window)
 
+    def key_index(self, local):
+        """Absolute index of the keys at positions `local` of the key tensor."""
+        if not self.key_prefix:
+            return local + self.key_offset
+        return torch.where(local < self.key_prefix, local, local - self.key_prefix + self.key_offset)
+
+    def key_indices(self) -> torch.Tensor:
+        """(S,) absolute index of every key of the key tensor."""
+        return self.key_index(torch.arange(self.key_length, device=self.device))
+
     def allowed(self, b, q, k) -> torch.Tensor:
         """The pattern at absolute indices; any broadcastable integer tensors."""
-        local = k - self.key_offset
-        ok = (local >= 0) & (local < self.key_length) & (k < self.total_length)
+        if self.key_prefix:
+            in_prefix = k < self.key_prefix
+            local = torch.where(in_prefix, k, k - self.key_offset + self.key_prefix)
+            ok = (in_prefix | ((k >= self.key_offset) & (local < self.key_length))) & (k < self.total_length)
+        else:
+            local = k - self.key_offset
+            ok = (local >= 0) & (local < self.key_length) & (k < self.total_length)
         safe = local.clamp(0, self.key_length - 1)
         if self.key_valid is not None:
             ok = ok & self.key_valid[b, safe]
@@ -122,7 +141,7 @@ class AttentionPattern:
         """The predicate with flex attention's signature, on local query and key indices."""
 
         def mod(b, h, q_idx, kv_idx):
-            return self.allowed(b, q_idx + self.query_offset, kv_idx + self.key_offset)
+            return self.allowed(b, q_idx + self.query_offset, self.key_index(kv_idx))
 
         return mod
 
@@ -133,7 +152,7 @@ class AttentionPattern:
         q_local = torch.arange(self.query_length, device=self.device)[rows]
         b = torch.arange(self.batch, device=self.device)[:, None, None, None]
         q = (q_local + self.query_offset)[None, None, :, None]
-        k = (torch.arange(self.key_length, device=self.device) + self.key_offset)[None, None, None, :]
+        k = self.key_indices()[None, None, None, :]
         return self.allowed(b, q, k).expand(self.batch, 1, q.shape[2], self.key_length)
 
     def dense_bias(self, rows: slice = slice(None)) -> torch.Tensor | None:
@@ -147,7 +166,7 @@ class AttentionPattern:
         """Additive mask (B, 1 or H, R, S) of the local query rows `rows` (B, R), one set per batch row."""
         b = torch.arange(self.batch, device=self.device)[:, None, None, None]
         q = (rows + self.query_offset)[:, None, :, None]
-        k = (torch.arange(self.key_length, device=self.device) + self.key_offset)[None, None, None, :]
+        k = self.key_indices()[None, None, None, :]
         allowed = self.allowed(b, q, k)  # (B, 1, R, S)
         neg_inf = torch.full((), float("-inf"), dtype=dtype, device=self.device)
         if self.bias_fn is None:
@@ -160,7 +179,7 @@ class AttentionPattern:
         """True when nothing is masked beyond what `is_causal` (or no mask) expresses, and no bias."""
         if self.kind != "full" or self.bias_fn is not None or self.key_valid is not None:
             return False
-        if self.key_offset != 0 or self.key_length != self.total_length:
+        if self.key_offset != 0 or self.key_prefix or self.key_length != self.total_length:
             return False
         return not self.causal or self.query_length == 1 or self.query_offset == 0
 

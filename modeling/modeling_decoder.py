@@ -148,6 +148,19 @@ class DecoderForCausalLM(DecoderPreTrainedModel, GenerationMixin):
         )
         return finish_output(self.config, result, return_dict)
 
+    def _update_model_kwargs_for_generation(
+        self, outputs, model_kwargs, is_encoder_decoder: bool = False, num_new_tokens: int = 1
+    ):
+        """generate() grows the attention mask per step; a prompt's `global_attention_mask` grows
+        with it (generated tokens are not global unless `global_tokens` says so)."""
+        model_kwargs = super()._update_model_kwargs_for_generation(
+            outputs, model_kwargs, is_encoder_decoder=is_encoder_decoder, num_new_tokens=num_new_tokens
+        )
+        marks = model_kwargs.get("global_attention_mask")
+        if marks is not None:
+            model_kwargs["global_attention_mask"] = nn.functional.pad(marks, (0, num_new_tokens), value=0)
+        return model_kwargs
+
 
 class DecoderForSequenceClassification(DecoderPreTrainedModel):
     """Classifies a sequence from the hidden state of its last token (GPT-2, Llama style)."""

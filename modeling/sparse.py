@@ -80,8 +80,10 @@ def _extra_keys(pattern: AttentionPattern, band_abs: torch.Tensor, first_block: 
 
 
 def lower_sparse(pattern: AttentionPattern, dtype):
-    """Full layers run dense (sdpa form); windowed kinds get a BlockLayout."""
-    if pattern.kind == "full":
+    """Full layers run dense (sdpa form); windowed kinds get a BlockLayout. So do the steps of a
+    window + global cache that dropped keys (`key_prefix`): it hands over only the kept leading
+    tokens and the window, already O(window + globals) keys per query."""
+    if pattern.kind == "full" or pattern.key_prefix:
         return lower_sdpa(pattern, dtype)
     device, b, batch = pattern.device, pattern.block_size, pattern.batch
     first_block = pattern.query_offset // b

@@ -25,12 +25,91 @@ from ..configuration.backends import LAYER_TYPE_PATTERN
 from .layers import Block, alibi_bias, make_norm, relative_position_bucket, rope_cos_sin, sinusoidal_embedding
 from .masks import AttentionPattern, lower, random_block_table
 
-# transformers builds cache layers from `config.layer_types`. Sliding layers already have a windowed
-# cache there; window + global (+ random) layers must keep every key, since global tokens (and random
-# blocks) stay visible to all later queries. Registering is what makes `DynamicCache(config=...)`,
-# which generate() builds, accept swapformer's layer types.
+
+class GlobalWindowLayer(DynamicLayer):
+    """The dynamic cache of a window + global layer (`sliding_global_attention`).
+
+    Later queries can see only global tokens and the last `window - 1` tokens, so this layer keeps
+    the leading tokens up to the last global one (a prefix, since global tokens are the first
+    `global_tokens` real tokens of each row, plus any the prompt's `global_attention_mask` marks) and
+    a window-sized tail: memory stops growing at prefix + window. The stack `plan`s each forward
+    (window, prefix length) before the layer is read; until every row has all its global tokens the
+    layer keeps everything. Stored keys cover absolute indices [0, prefix) + [tail_start, length).
+    Registered for its layer type, so `DynamicCache(config=...)` (what generate() builds) uses it.
+    """
+
+    _layer_type = "sliding_global_attention"
+    is_croppable = False
+
+    def __init__(self, **kwargs):
+        super().__init__()
+        self.cumulative_length = 0
+        self.prefix = 0  # stored leading tokens when keys were dropped after them (else 0)
+        self.tail_start = 0  # absolute index of the first stored key after the prefix
+        self.window: int | None = None
+        self.keep: int | None = None  # leading tokens that must stay; None: keep everything
+
+    def plan(self, window: int, keep: int | None, layer_idx: int) -> None:
+        """Set the window and the leading tokens holding every global token, before a forward."""
+        if keep is not None and self.tail_start > self.prefix and keep > self.prefix:
+            raise ValueError(
+                f"Layer {layer_idx} (sliding_global_attention) has a global token at index {keep - 1}, but its "
+                f"window + global cache already dropped tokens {self.prefix}..{self.tail_start - 1}, which kept only "
+                f"the first {self.prefix}; mark global tokens within the prompt (`global_tokens`, or the prompt's "
+                "`global_attention_mask`), not in generated steps"
+            )
+        self.window, self.keep = window, keep
+
+    @property
+    def key_prefix(self) -> int:
+        """Leading stored keys that are the first tokens, ahead of the tail (0 when contiguous)."""
+        return self.prefix if self.tail_start > self.prefix else 0
+
+    def update(self, key_states, value_states, *args, **kwargs):
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        keys = torch.cat([self.keys, key_states], dim=-2)
+        values = torch.cat([self.values, value_states], dim=-2)
+        self.cumulative_length += key_states.shape[-2]
+        self.keys, self.values = keys, values
+        if self.window is not None and self.keep is not None:
+            self._drop_unreachable()
+        return keys, values
+
+    def _drop_unreachable(self) -> None:
+        total, contiguous = self.cumulative_length, self.tail_start <= self.prefix
+        prefix = min(self.keep, total) if contiguous else self.prefix
+        tail_start = max(self.tail_start, prefix, total - self.window + 1)
+        if tail_start <= prefix:
+            return
+        local_tail = tail_start if contiguous else self.prefix + tail_start - self.tail_start
+        self.keys = torch.cat([self.keys[..., :prefix, :], self.keys[..., local_tail:, :]], dim=-2)
+        self.values = torch.cat([self.values[..., :prefix, :], self.values[..., local_tail:, :]], dim=-2)
+        self.prefix, self.tail_start = prefix, tail_start
+
+    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+        stored = self.keys.shape[-2] if self.is_initialized else 0
+        return stored + query_length, (self.tail_start if self.key_prefix else 0)
+
+    def get_seq_length(self) -> int:
+        return self.cumulative_length
+
+    def reset(self) -> None:
+        super().reset()
+        self.prefix = self.tail_start = 0
+        self.keep = None
+
+    def crop(self, tokens_to_remove: int) -> None:
+        raise NotImplementedError(
+            "The window + global cache drops tokens as it goes and cannot be cropped; generate without "
+            "assisted decoding, or use full_attention layers"
+        )
+
+
+# BigBird layers keep every key: random blocks make any earlier block visible to a later query.
+# Registering is what makes `DynamicCache(config=...)` accept the layer type.
+DYNAMIC_LAYER_TYPE_MAPPING.setdefault("bigbird_attention", DynamicLayer)
 for _layer_type in ("sliding_global_attention", "bigbird_attention"):
-    DYNAMIC_LAYER_TYPE_MAPPING.setdefault(_layer_type, DynamicLayer)
     STATIC_LAYER_TYPE_MAPPING.setdefault(_layer_type, StaticLayer)
 
 
@@ -42,13 +121,19 @@ def positions_from_mask(key_valid: torch.Tensor | None, batch: int, total: int, 
     return (key_valid.long().cumsum(-1) - 1).clamp(min=0)
 
 
-def cache_slice(x: torch.Tensor | None, offset: int, length: int, fill) -> torch.Tensor | None:
-    """(B, P + T) per-token values -> the (B, length) slice a cache layer hands to attention
-    (from `offset`; padded with `fill` past the end, for static caches)."""
+def select_keys(x: torch.Tensor | None, index: torch.Tensor, fill) -> torch.Tensor | None:
+    """(B, P + T) per-token values -> their values at the keys a cache layer hands to attention,
+    whose absolute indices are `index` (S,); `fill` past the end (empty rows of a static cache)."""
     if x is None:
         return None
-    x = x[:, offset : offset + length]
-    return nn.functional.pad(x, (0, length - x.shape[1]), value=fill)
+    picked = x[:, index.clamp(max=x.shape[1] - 1)]
+    return picked.masked_fill(index >= x.shape[1], fill) if bool(index[-1] >= x.shape[1]) else picked
+
+
+def cache_layer(cache: Cache, idx: int):
+    """The self-attention cache layer `idx` (of an EncoderDecoderCache's decoder part), or None."""
+    layers = getattr(cache, "self_attention_cache", cache).layers
+    return layers[idx] if idx < len(layers) else None
 
 
 class StackMixin:
@@ -142,11 +227,27 @@ class StackMixin:
         patterns = {}
         for layer_type in dict.fromkeys(self.layer_types):
             kind = LAYER_TYPE_PATTERN[layer_type]
+            is_global = None
+            if kind in ("sliding_global", "bigbird"):
+                is_global = key_pos < cfg.global_tokens  # (B, total)
+                if global_mask is not None:
+                    is_global = is_global | global_mask.bool()
+                if key_valid is not None:
+                    is_global = is_global & key_valid
+            kv_length, kv_offset, key_prefix = total, 0, 0
             if cache is not None:
-                kv_length, kv_offset = cache.get_mask_sizes(t, self.layer_types.index(layer_type))
-            else:
-                kv_length, kv_offset = total, 0
-            valid = cache_slice(key_valid, kv_offset, kv_length, False)
+                layer_idx = self.layer_types.index(layer_type)
+                if kind == "sliding_global":
+                    keep = leading_tokens_to_keep(is_global, key_valid, cfg.global_tokens)
+                    for i, other in enumerate(self.layer_types):
+                        layer = cache_layer(cache, i)
+                        if other == layer_type and isinstance(layer, GlobalWindowLayer):
+                            layer.plan(cfg.sliding_window, keep, i)
+                kv_length, kv_offset = cache.get_mask_sizes(t, layer_idx)
+                key_prefix = getattr(cache_layer(cache, layer_idx), "key_prefix", 0)
+            key_index = torch.arange(kv_length, device=device)
+            key_index = torch.where(key_index < key_prefix, key_index, key_index - key_prefix + kv_offset)
+            valid = select_keys(key_valid, key_index, False)
             pattern = AttentionPattern(
                 kind=kind,
                 causal=self.causal,
@@ -155,24 +256,20 @@ class StackMixin:
                 query_length=t,
                 key_offset=kv_offset,
                 key_length=kv_length,
+                key_prefix=key_prefix,
                 total_length=total,
                 device=device,
                 key_valid=valid
-                if valid is not None and not bool(valid[:, : total - kv_offset].all())
+                if valid is not None and not bool(valid[:, key_index < total].all())
                 else None,
                 window=cfg.sliding_window,
                 block_size=cfg.attention_block_size,
                 bias_fn=self.pair_bias if has_bias else None,
                 query_pos=query_pos,
-                key_pos=cache_slice(key_pos, kv_offset, kv_length, 0),
+                key_pos=select_keys(key_pos, key_index, 0),
             )
-            if kind in ("sliding_global", "bigbird"):
-                is_global = key_pos < cfg.global_tokens  # (B, total)
-                if global_mask is not None:
-                    is_global = is_global | global_mask.bool()
-                if key_valid is not None:
-                    is_global = is_global & key_valid
-                pattern.global_keys = cache_slice(is_global, kv_offset, kv_length, False)
+            if is_global is not None:
+                pattern.global_keys = select_keys(is_global, key_index, False)
                 pattern.global_queries = is_global[:, past:]
             if kind == "bigbird":
                 bs = cfg.attention_block_size
@@ -319,6 +416,18 @@ class StackMixin:
             all_hidden.append(h)
         as_tuple = lambda xs: tuple(xs) if xs is not None else None  # noqa: E731
         return h, as_tuple(all_hidden), as_tuple(self_attns), as_tuple(cross_attns)
+
+
+def leading_tokens_to_keep(is_global: torch.Tensor, key_valid: torch.Tensor | None, global_tokens: int):
+    """How many leading tokens hold every global token (B, S) of every row, or None while some row
+    has fewer than `global_tokens` real tokens (its next tokens will be global too)."""
+    real = (
+        key_valid.sum(-1) if key_valid is not None else torch.full((is_global.shape[0],), is_global.shape[1])
+    )
+    if int(real.min()) < global_tokens:
+        return None
+    index = torch.arange(1, is_global.shape[1] + 1, device=is_global.device)
+    return int((is_global * index).max()) if is_global.numel() else 0
 
 
 def validate_inputs(

@@ -110,18 +110,19 @@ def report(request):
     return _report
 
 
-def cached_step_diffs(model, ids, mask, max_new_tokens: int) -> list[float]:
-    """Greedy generate() with the KV cache; for every step, max |its logits - the logits of an uncached
-    forward over the same prefix|. Checked per step, not on tokens: tiny random models often pick the
-    same tokens when the cache is wrong."""
+def cached_step_diffs(model, ids, mask, max_new_tokens: int, **generate_kwargs) -> list[float]:
+    """generate() with the KV cache (greedy unless `generate_kwargs` say otherwise); for every step,
+    max |its logits - the logits of an uncached forward over the same prefix|. Checked per step, not
+    on tokens: tiny random models often pick the same tokens when the cache is wrong."""
+    options = {"do_sample": False, "pad_token_id": 0, **generate_kwargs}
     out = model.generate(
         ids,
         attention_mask=mask,
         max_new_tokens=max_new_tokens,
-        do_sample=False,
+        min_new_tokens=max_new_tokens,
         output_logits=True,
         return_dict_in_generate=True,
-        pad_token_id=0,
+        **options,
     )
     diffs = []
     for step, logits in enumerate(out.logits):
