@@ -374,6 +374,8 @@ class Seq2SeqConfig(SwapformerConfig):
         decoder_layers: decoder depth; `None` means `num_hidden_layers`.
         shared_embeddings: encoder and decoder read one token embedding (`shared`).
         decoder_start_token_id: first decoder input when decoder inputs are made from labels.
+        scale_decoder_outputs: multiply the decoder's last hidden state by hidden_size ** -0.5 before
+            the LM head (T5 v1.0, whose output projection is the input embedding).
     """
 
     model_type = "swapformer_seq2seq"
@@ -381,6 +383,7 @@ class Seq2SeqConfig(SwapformerConfig):
     decoder_layers: int | None = None
     decoder_layer_types: list[str] | None = None
     shared_embeddings: bool = True
+    scale_decoder_outputs: bool = False
     decoder_start_token_id: int | None = None
     is_encoder_decoder: bool = True
     causal = True  # of the decoder's self-attention; the encoder is always bidirectional
@@ -401,6 +404,7 @@ class Seq2SeqConfig(SwapformerConfig):
             "decoder_layer_types", self.decoder_layer_types, self.decoder_layers, "decoder_layers"
         )
         _check_bool("shared_embeddings", self.shared_embeddings)
+        _check_bool("scale_decoder_outputs", self.scale_decoder_outputs)
         if not self.is_encoder_decoder:
             raise ValueError("Seq2SeqConfig needs is_encoder_decoder=True")
 

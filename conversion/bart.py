@@ -4,13 +4,18 @@
 from __future__ import annotations
 
 from ..configuration.configuration_swapformer import Seq2SeqConfig
-from .rules import Rule, drop_rows
+from .bert import label_fields
+from .rules import ASIDE, Architecture, Rule, prefixed, split_rows
 
 _S = r"(encoder|decoder)\.layers\.(\d+)\."
 BASE_RULES = [
     Rule(r"shared\.weight", "shared.weight"),
-    # BART's position table has two extra leading rows (its positions start at 2).
-    Rule(r"(encoder|decoder)\.embed_positions\.weight", r"\1.embed_positions.weight", drop_rows(2)),
+    # BART's position table has two extra leading rows (its positions start at 2), set aside.
+    Rule(
+        r"(encoder|decoder)\.embed_positions\.weight",
+        (r"\1.embed_positions.weight", ASIDE + r"\1.embed_positions.leading_rows"),
+        split_rows(2),
+    ),
     Rule(r"(encoder|decoder)\.layernorm_embedding\.(weight|bias)", r"\1.embed_norm.\2"),
     Rule(_S + r"self_attn\.(q|k|v)_proj\.(weight|bias)", r"\1.layers.\2.self_attn.\3_proj.\4"),
     Rule(_S + r"self_attn\.out_proj\.(weight|bias)", r"\1.layers.\2.self_attn.o_proj.\3"),
@@ -22,13 +27,21 @@ BASE_RULES = [
     Rule(_S + r"fc2\.(weight|bias)", r"\1.layers.\2.mlp.down_proj.\3"),
     Rule(_S + r"final_layer_norm\.(weight|bias)", r"\1.layers.\2.mlp_norm.\3"),
 ]
-RULES = (
-    [Rule("model\\." + r.pattern, "model." + r.replacement, r.transform) for r in BASE_RULES]
-    + [Rule(r"lm_head\.weight", "lm_head.weight")]
-    + BASE_RULES
-)
-# encoder/decoder.embed_tokens are views of `shared`; final_logits_bias is all zeros in BART.
-DROP = [r"(model\.)?(encoder|decoder)\.embed_tokens\.weight", r"final_logits_bias"]
+ARCHITECTURES = {
+    "BartModel": Architecture("Seq2SeqModel", BASE_RULES),
+    "BartForConditionalGeneration": Architecture(
+        "Seq2SeqForConditionalGeneration",
+        prefixed(BASE_RULES, "model.", "model.")
+        + [
+            Rule(r"lm_head\.weight", "lm_head.weight"),
+            # all zeros in BART checkpoints; swapformer's LM head has no bias (a non-zero one fails verification)
+            Rule(r"final_logits_bias", ASIDE + "final_logits_bias"),
+        ],
+    ),
+}
+RULES = ARCHITECTURES["BartForConditionalGeneration"].rules + BASE_RULES
+# encoder/decoder.embed_tokens are views of `shared`.
+DROP = [r"(model\.)?(encoder|decoder)\.embed_tokens\.weight"]
 
 
 def config_from_hf(hf) -> Seq2SeqConfig:
@@ -65,4 +78,33 @@ def config_from_hf(hf) -> Seq2SeqConfig:
         bos_token_id=hf.bos_token_id,
         eos_token_id=hf.eos_token_id,
         decoder_start_token_id=hf.decoder_start_token_id,
+        **label_fields(hf),
+    )
+
+
+def config_to_hf(cfg: Seq2SeqConfig):
+    from transformers import BartConfig
+
+    return BartConfig(
+        vocab_size=cfg.vocab_size,
+        d_model=cfg.hidden_size,
+        encoder_layers=cfg.num_hidden_layers,
+        decoder_layers=cfg.decoder_layers,
+        encoder_attention_heads=cfg.num_attention_heads,
+        decoder_attention_heads=cfg.num_attention_heads,
+        encoder_ffn_dim=cfg.intermediate_size,
+        decoder_ffn_dim=cfg.intermediate_size,
+        activation_function=cfg.hidden_act,
+        max_position_embeddings=cfg.max_position_embeddings,
+        scale_embedding=cfg.scale_embeddings,
+        dropout=cfg.hidden_dropout,
+        attention_dropout=cfg.attention_dropout,
+        activation_dropout=cfg.activation_dropout,
+        init_std=cfg.initializer_range,
+        tie_word_embeddings=cfg.tie_word_embeddings,
+        pad_token_id=cfg.pad_token_id,
+        bos_token_id=cfg.bos_token_id,
+        eos_token_id=cfg.eos_token_id,
+        decoder_start_token_id=cfg.decoder_start_token_id,
+        **label_fields(cfg),
     )

@@ -1,15 +1,15 @@
-"""BERT (`BertModel`) -> swapformer `EncoderModel`: a post-LN encoder with learned positions,
-token types and an embedding LayerNorm."""
+"""BERT (`BertModel` and its masked-LM, sequence, token classification and question answering heads)
+-> swapformer `EncoderModel` and heads: a post-LN encoder with learned positions, token types and an
+embedding LayerNorm. RoBERTa (roberta.py) has the same layers under other names for its heads."""
 
 from __future__ import annotations
 
 from ..configuration.configuration_swapformer import EncoderConfig
-from .rules import Rule
+from .rules import ASIDE, Architecture, Rule, prefixed, split_rows
 
 _L = r"encoder\.layer\.(\d+)\."
-RULES = [
+LAYER_RULES = [
     Rule(r"embeddings\.word_embeddings\.weight", "embed_tokens.weight"),
-    Rule(r"embeddings\.position_embeddings\.weight", "embed_positions.weight"),
     Rule(r"embeddings\.token_type_embeddings\.weight", "token_type_embeddings.weight"),
     Rule(r"embeddings\.LayerNorm\.(weight|bias)", r"embed_norm.\1"),
     Rule(_L + r"attention\.self\.query\.(weight|bias)", r"layers.\1.self_attn.q_proj.\2"),
@@ -21,12 +21,68 @@ RULES = [
     Rule(_L + r"output\.dense\.(weight|bias)", r"layers.\1.mlp.down_proj.\2"),
     Rule(_L + r"output\.LayerNorm\.(weight|bias)", r"layers.\1.mlp_norm.\2"),
 ]
-# The base encoder has no pooler (classification heads carry their own dense layer).
-DROP = [r"pooler\.dense\.(weight|bias)", r"embeddings\.position_ids"]
+BASE_RULES = [
+    *LAYER_RULES,
+    Rule(r"embeddings\.position_embeddings\.weight", "embed_positions.weight"),
+    # The base encoder has no pooler (the classification head carries its own dense layer); the
+    # pooler of a BertModel is kept aside, for the reverse conversion.
+    Rule(r"pooler\.dense\.(weight|bias)", ASIDE + r"pooler.dense.\1"),
+]
 
 
-def config_from_hf(hf) -> EncoderConfig:
-    return EncoderConfig(
+def positions_from_row(offset: int) -> Rule:
+    """A learned position table whose first `offset` rows are never read by real tokens (RoBERTa's
+    positions start at padding_idx + 1): those rows are set aside."""
+    return Rule(
+        r"embeddings\.position_embeddings\.weight",
+        ("embed_positions.weight", ASIDE + "embed_positions.leading_rows"),
+        split_rows(offset),
+    )
+
+
+def encoder_heads(prefix: str, base_rules: list[Rule], mlm_rules: list[Rule], seq_rules: list[Rule]):
+    """The five encoder classes, for a family whose heads nest the encoder under `prefix`."""
+    nested = prefixed(base_rules, prefix, "model.")
+    return {
+        "Model": Architecture("EncoderModel", base_rules),
+        "ForMaskedLM": Architecture("EncoderForMaskedLM", nested + mlm_rules),
+        "ForSequenceClassification": Architecture("EncoderForSequenceClassification", nested + seq_rules),
+        "ForTokenClassification": Architecture(
+            "EncoderForTokenClassification", nested + [Rule(r"classifier\.(weight|bias)", r"classifier.\1")]
+        ),
+        "ForQuestionAnswering": Architecture(
+            "EncoderForQuestionAnswering", nested + [Rule(r"qa_outputs\.(weight|bias)", r"qa_outputs.\1")]
+        ),
+    }
+
+
+_P = r"cls\.predictions\."
+ARCHITECTURES = {
+    "Bert" + suffix: arch
+    for suffix, arch in encoder_heads(
+        "bert.",
+        BASE_RULES,
+        mlm_rules=[
+            Rule(_P + r"transform\.dense\.(weight|bias)", r"lm_head.dense.\1"),
+            Rule(_P + r"transform\.LayerNorm\.(weight|bias)", r"lm_head.norm.\1"),
+            Rule(_P + r"decoder\.weight", "lm_head.decoder.weight"),
+            # cls.predictions.bias is the decoder's bias under a second name (tied in transformers)
+            Rule(_P + r"(decoder\.)?bias", "lm_head.decoder.bias"),
+        ],
+        seq_rules=[
+            Rule(r"bert\.pooler\.dense\.(weight|bias)", r"classifier.dense.\1"),
+            Rule(r"classifier\.(weight|bias)", r"classifier.out_proj.\1"),
+        ],
+    ).items()
+}
+RULES = ARCHITECTURES["BertModel"].rules
+# Buffers transformers rebuilds.
+DROP = [r"(bert\.)?embeddings\.position_ids", r"(bert\.)?embeddings\.token_type_ids"]
+
+
+def encoder_config(hf, **fields) -> EncoderConfig:
+    """The swapformer config of a BERT-like HF config (`fields` override)."""
+    values = dict(
         vocab_size=hf.vocab_size,
         hidden_size=hf.hidden_size,
         num_hidden_layers=hf.num_hidden_layers,
@@ -44,7 +100,60 @@ def config_from_hf(hf) -> EncoderConfig:
         mlp_bias=True,
         hidden_dropout=hf.hidden_dropout_prob,
         attention_dropout=hf.attention_probs_dropout_prob,
+        classifier_dropout=hf.classifier_dropout,
         initializer_range=hf.initializer_range,
         pad_token_id=hf.pad_token_id,
         tie_word_embeddings=True,
     )
+    values.update(fields)
+    return EncoderConfig(**values, **label_fields(hf))
+
+
+def label_fields(hf) -> dict:
+    """What classification heads read from a config: labels and problem type."""
+    return {"id2label": dict(hf.id2label), "label2id": dict(hf.label2id), "problem_type": hf.problem_type}
+
+
+def hf_encoder_fields(cfg: EncoderConfig) -> dict:
+    """The BERT-like HF config fields of a swapformer encoder config."""
+    return dict(
+        vocab_size=cfg.vocab_size,
+        hidden_size=cfg.hidden_size,
+        num_hidden_layers=cfg.num_hidden_layers,
+        num_attention_heads=cfg.num_attention_heads,
+        intermediate_size=cfg.intermediate_size,
+        hidden_act=cfg.hidden_act,
+        max_position_embeddings=cfg.max_position_embeddings,
+        type_vocab_size=cfg.type_vocab_size,
+        layer_norm_eps=cfg.norm_eps,
+        hidden_dropout_prob=cfg.hidden_dropout,
+        attention_probs_dropout_prob=cfg.attention_dropout,
+        classifier_dropout=cfg.classifier_dropout,
+        initializer_range=cfg.initializer_range,
+        pad_token_id=cfg.pad_token_id,
+        **label_fields(cfg),
+    )
+
+
+def check_encoder(hf) -> None:
+    kind = getattr(hf, "position_embedding_type", "absolute")
+    if kind not in (None, "absolute"):
+        raise ValueError(
+            f"{hf.model_type} with position_embedding_type={kind!r} is not supported; only 'absolute' positions convert"
+        )
+    if getattr(hf, "is_decoder", False) or getattr(hf, "add_cross_attention", False):
+        raise ValueError(
+            f"{hf.model_type} configured as a decoder (is_decoder/add_cross_attention) does not convert; "
+            "swapformer's encoder is bidirectional"
+        )
+
+
+def config_from_hf(hf) -> EncoderConfig:
+    check_encoder(hf)
+    return encoder_config(hf)
+
+
+def config_to_hf(cfg: EncoderConfig):
+    from transformers import BertConfig
+
+    return BertConfig(**hf_encoder_fields(cfg))

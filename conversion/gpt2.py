@@ -5,7 +5,8 @@ is split into q, k and v."""
 from __future__ import annotations
 
 from ..configuration.configuration_swapformer import DecoderConfig
-from .rules import Rule, split_last, transpose
+from .bert import label_fields
+from .rules import Architecture, Rule, prefixed, split_last, transpose
 
 _L = r"h\.(\d+)\."
 BASE_RULES = [
@@ -39,21 +40,18 @@ BASE_RULES = [
     Rule(_L + r"mlp\.c_proj\.bias", r"layers.\1.mlp.down_proj.bias"),
     Rule(r"ln_f\.(weight|bias)", r"norm.\1"),
 ]
-# GPT2LMHeadModel keeps the base model under `transformer.`; ours under `model.`.
-RULES = (
-    [
-        Rule(
-            "transformer\\." + r.pattern,
-            "model." + r.replacement
-            if isinstance(r.replacement, str)
-            else tuple("model." + x for x in r.replacement),
-            r.transform,
-        )
-        for r in BASE_RULES
-    ]
-    + [Rule(r"lm_head\.weight", "lm_head.weight")]
-    + BASE_RULES
-)
+# The heads keep the base model under `transformer.`; ours under `model.`.
+_NESTED = prefixed(BASE_RULES, "transformer.", "model.")
+ARCHITECTURES = {
+    "GPT2Model": Architecture("DecoderModel", BASE_RULES),
+    "GPT2LMHeadModel": Architecture(
+        "DecoderForCausalLM", _NESTED + [Rule(r"lm_head\.weight", "lm_head.weight")]
+    ),
+    "GPT2ForSequenceClassification": Architecture(
+        "DecoderForSequenceClassification", _NESTED + [Rule(r"score\.weight", "score.weight")]
+    ),
+}
+RULES = ARCHITECTURES["GPT2LMHeadModel"].rules + BASE_RULES
 DROP = [r"(transformer\.)?h\.\d+\.attn\.(masked_)?bias"]
 
 
@@ -89,4 +87,29 @@ def config_from_hf(hf) -> DecoderConfig:
         bos_token_id=in_vocab(hf.bos_token_id),
         eos_token_id=in_vocab(hf.eos_token_id),
         pad_token_id=in_vocab(hf.pad_token_id),
+        **label_fields(hf),
+    )
+
+
+def config_to_hf(cfg: DecoderConfig):
+    from transformers import GPT2Config
+
+    return GPT2Config(
+        vocab_size=cfg.vocab_size,
+        n_embd=cfg.hidden_size,
+        n_layer=cfg.num_hidden_layers,
+        n_head=cfg.num_attention_heads,
+        n_inner=cfg.intermediate_size,
+        activation_function=cfg.hidden_act,
+        n_positions=cfg.max_position_embeddings,
+        layer_norm_epsilon=cfg.norm_eps,
+        resid_pdrop=cfg.hidden_dropout,
+        embd_pdrop=cfg.hidden_dropout,
+        attn_pdrop=cfg.attention_dropout,
+        initializer_range=cfg.initializer_range,
+        tie_word_embeddings=cfg.tie_word_embeddings,
+        bos_token_id=cfg.bos_token_id,
+        eos_token_id=cfg.eos_token_id,
+        pad_token_id=cfg.pad_token_id,
+        **label_fields(cfg),
     )

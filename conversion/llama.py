@@ -1,10 +1,12 @@
-"""Llama (`LlamaModel`, `LlamaForCausalLM`) -> swapformer `DecoderModel` / `DecoderForCausalLM`:
-pre-RMSNorm, RoPE, SwiGLU, GQA, no biases. The parameter names are already HF-standard."""
+"""Llama (`LlamaModel`, `LlamaForCausalLM`, `LlamaForSequenceClassification`) -> swapformer
+`DecoderModel` and heads: pre-RMSNorm, RoPE, SwiGLU, GQA, no biases. The parameter names are already
+HF-standard. Mistral (mistral.py) is the same with a sliding window."""
 
 from __future__ import annotations
 
 from ..configuration.configuration_swapformer import DecoderConfig
-from .rules import Rule
+from .bert import label_fields
+from .rules import Architecture, Rule, prefixed
 
 _L = r"layers\.(\d+)\."
 BASE_RULES = [
@@ -15,22 +17,35 @@ BASE_RULES = [
     Rule(_L + r"post_attention_layernorm\.weight", r"layers.\1.mlp_norm.weight"),
     Rule(r"norm\.weight", "norm.weight"),
 ]
-# Keys of LlamaForCausalLM: the base model under `model.`, plus the LM head.
-RULES = (
-    [Rule("model\\." + r.pattern, "model." + r.replacement, r.transform) for r in BASE_RULES]
-    + [Rule(r"lm_head\.weight", "lm_head.weight")]
-    + BASE_RULES
-)
+
+
+def decoder_architectures(prefix: str) -> dict[str, Architecture]:
+    """`{prefix}Model`, `{prefix}ForCausalLM`, `{prefix}ForSequenceClassification`."""
+    nested = prefixed(BASE_RULES, "model.", "model.")
+    return {
+        f"{prefix}Model": Architecture("DecoderModel", BASE_RULES),
+        f"{prefix}ForCausalLM": Architecture(
+            "DecoderForCausalLM", nested + [Rule(r"lm_head\.weight", "lm_head.weight")]
+        ),
+        f"{prefix}ForSequenceClassification": Architecture(
+            "DecoderForSequenceClassification", nested + [Rule(r"score\.weight", "score.weight")]
+        ),
+    }
+
+
+ARCHITECTURES = decoder_architectures("Llama")
+RULES = ARCHITECTURES["LlamaForCausalLM"].rules + BASE_RULES
 DROP = [r"(model\.)?rotary_emb\.(inv_freq|original_inv_freq)"]
 
 
-def config_from_hf(hf) -> DecoderConfig:
+def decoder_config(hf, **fields) -> DecoderConfig:
+    """The swapformer config of a Llama-like HF config (`fields` add to or override it)."""
     rope = hf.rope_parameters or {}
     if rope.get("rope_type", "default") != "default":
         raise ValueError(
-            f"Llama rope_type={rope['rope_type']!r} is not supported yet; only the default RoPE is"
+            f"{hf.model_type} rope_type={rope['rope_type']!r} is not supported yet; only the default RoPE is"
         )
-    return DecoderConfig(
+    values = dict(
         vocab_size=hf.vocab_size,
         hidden_size=hf.hidden_size,
         num_hidden_layers=hf.num_hidden_layers,
@@ -47,8 +62,8 @@ def config_from_hf(hf) -> DecoderConfig:
         norm_eps=hf.rms_norm_eps,
         pre_norm=True,
         embedding_norm=False,
-        attention_bias=hf.attention_bias,
-        mlp_bias=hf.mlp_bias,
+        attention_bias=getattr(hf, "attention_bias", False),
+        mlp_bias=getattr(hf, "mlp_bias", False),
         hidden_dropout=0.0,
         attention_dropout=float(hf.attention_dropout),
         initializer_range=hf.initializer_range,
@@ -57,3 +72,39 @@ def config_from_hf(hf) -> DecoderConfig:
         bos_token_id=hf.bos_token_id,
         eos_token_id=hf.eos_token_id,
     )
+    values.update(fields)
+    return DecoderConfig(**values, **label_fields(hf))
+
+
+def hf_decoder_fields(cfg: DecoderConfig) -> dict:
+    """The Llama-like HF config fields of a swapformer decoder config."""
+    return dict(
+        vocab_size=cfg.vocab_size,
+        hidden_size=cfg.hidden_size,
+        num_hidden_layers=cfg.num_hidden_layers,
+        num_attention_heads=cfg.num_attention_heads,
+        num_key_value_heads=cfg.num_key_value_heads,
+        head_dim=cfg.head_dim,
+        intermediate_size=cfg.intermediate_size,
+        hidden_act=cfg.hidden_act,
+        max_position_embeddings=cfg.max_position_embeddings,
+        rope_parameters={"rope_type": "default", "rope_theta": cfg.rope_theta},
+        rms_norm_eps=cfg.norm_eps,
+        attention_dropout=cfg.attention_dropout,
+        initializer_range=cfg.initializer_range,
+        tie_word_embeddings=cfg.tie_word_embeddings,
+        pad_token_id=cfg.pad_token_id,
+        bos_token_id=cfg.bos_token_id,
+        eos_token_id=cfg.eos_token_id,
+        **label_fields(cfg),
+    )
+
+
+def config_from_hf(hf) -> DecoderConfig:
+    return decoder_config(hf)
+
+
+def config_to_hf(cfg: DecoderConfig):
+    from transformers import LlamaConfig
+
+    return LlamaConfig(**hf_decoder_fields(cfg), attention_bias=cfg.attention_bias, mlp_bias=cfg.mlp_bias)

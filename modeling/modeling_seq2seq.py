@@ -297,7 +297,10 @@ class Seq2SeqForConditionalGeneration(Seq2SeqPreTrainedModel, GenerationMixin):
             global_attention_mask=global_attention_mask,
             return_dict=True,
         )
-        logits = self.lm_head(keep_positions(out.last_hidden_state, logits_to_keep))
+        h = out.last_hidden_state
+        if self.config.scale_decoder_outputs:
+            h = h * self.config.hidden_size**-0.5  # T5 v1.0: the tied embedding read as output projection
+        logits = self.lm_head(keep_positions(h, logits_to_keep))
         loss = None
         if labels is not None:
             loss = token_cross_entropy(logits, labels, shift=False, num_items_in_batch=num_items_in_batch)

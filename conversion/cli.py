@@ -1,0 +1,54 @@
+"""`swapformer convert SRC OUT [--to-hf] [--overwrite] [--allow-unpickling]`."""
+
+from __future__ import annotations
+
+import argparse
+
+
+def add_subcommand(subparsers) -> None:
+    parser = subparsers.add_parser(
+        "convert",
+        help="convert a transformers checkpoint folder into swapformer (or back with --to-hf), verified",
+        description=(
+            "Convert a Hugging Face checkpoint folder (BERT, RoBERTa, GPT-2, Llama, Mistral, T5, BART; the family "
+            "is read from config.json) into a swapformer folder, then run both on the same padded batch and "
+            "fail, writing nothing, if outputs differ by more than the tolerance."
+        ),
+    )
+    parser.add_argument("src", help="folder with config.json and weights")
+    parser.add_argument("out", help="folder to write (must not exist or be empty, unless --overwrite)")
+    parser.add_argument(
+        "--to-hf", action="store_true", help="SRC is a converted swapformer folder: write the transformers model back"
+    )
+    parser.add_argument(
+        "--overwrite", action="store_true", help="replace a non-empty OUT (only once the new folder is verified)"
+    )
+    parser.add_argument(
+        "--allow-unpickling",
+        action="store_true",
+        help="read pickle weights (pytorch_model.bin); unpickling can run code from the file, so only for trusted checkpoints",
+    )
+    parser.add_argument(
+        "--tolerance", type=float, default=1e-4, help="largest max abs diff (fp32) accepted (default: 1e-4)"
+    )
+    parser.set_defaults(func=_run)
+
+
+def _run(args: argparse.Namespace) -> int:
+    import sys
+
+    from .convert import ConversionError, convert
+
+    try:
+        convert(
+            args.src,
+            args.out,
+            to_hf=args.to_hf,
+            overwrite=args.overwrite,
+            allow_unpickling=args.allow_unpickling,
+            tolerance=args.tolerance,
+        )
+    except ConversionError as e:
+        print(f"swapformer convert: error: {e}", file=sys.stderr)
+        return 1
+    return 0

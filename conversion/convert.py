@@ -1,0 +1,545 @@
+"""Folder to folder: a Hugging Face checkpoint into a swapformer folder (or back), verified.
+
+`convert(src, out)` reads `config.json` to find the family and the model class (`architectures`),
+loads the source with transformers, renames and reshapes its tensors with the family's rules
+(strictly: every key accounted for), writes the swapformer folder (config, safetensors, tokenizer
+files, generation config, generated remote code, a card), then loads both folders again and runs
+them on the same padded batch. A max abs diff above `tolerance` (fp32) is an error. Everything is
+written to a hidden sibling folder first and moved into place only after verification, so a refused
+or failed conversion leaves nothing behind and never touches an existing `out`.
+
+`convert(src, out, to_hf=True)` is the reverse for folders that came from a conversion: the same
+rules run backwards with exact inverse transforms, so the tensors come back bit for bit.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import shutil
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from .rules import (
+    ASIDE,
+    ConversionError,
+    convert_state_dict,
+    expected_target_keys,
+    invert_state_dict,
+    untied_state_dict,
+)
+
+TOLERANCE = 1e-4
+# Source tensors the swapformer model does not use (BERT's pooler, BART's two leading position rows),
+# kept beside the model so that the reverse conversion gives them back.
+UNUSED_WEIGHTS = "unused_source_weights.safetensors"
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "added_tokens.json",
+    "vocab.txt",
+    "vocab.json",
+    "merges.txt",
+    "spiece.model",
+    "sentencepiece.bpe.model",
+    "tokenizer.model",
+    "chat_template.jinja",
+)
+SWAPFORMER_TYPES = ("swapformer_encoder", "swapformer_decoder", "swapformer_seq2seq")
+
+
+class VerificationError(ConversionError):
+    """The converted model does not compute what the source computes."""
+
+
+@dataclass
+class ConversionReport:
+    """What `convert` did: the classes on both sides and the measured max abs diffs (fp32)."""
+
+    source: str
+    output: str
+    family: str
+    source_class: str
+    target_class: str
+    diffs: dict[str, float] = field(default_factory=dict)
+    tokens: int = 0
+
+    @property
+    def max_diff(self) -> float:
+        return max(self.diffs.values(), default=0.0)
+
+
+# Checks on the input, made before anything is loaded --------------------------------------------
+
+
+def _check_safetensors(path: Path) -> None:
+    """Refuse a truncated or malformed safetensors file, naming it (safetensors' own error does not)."""
+    size = path.stat().st_size
+    with open(path, "rb") as f:
+        head = f.read(8)
+        length = int.from_bytes(head, "little") if len(head) == 8 else None
+        if length is None or 8 + length > size:
+            raise ConversionError(
+                f"{path} is truncated or not a safetensors file ({size} bytes, too short for its header); "
+                "copy or download it again"
+            )
+        try:
+            header = json.loads(f.read(length))
+        except ValueError as e:
+            raise ConversionError(
+                f"{path} has an unreadable safetensors header ({e}); copy or download it again"
+            ) from e
+    end = max((v["data_offsets"][1] for k, v in header.items() if k != "__metadata__"), default=0)
+    if 8 + length + end > size:
+        raise ConversionError(
+            f"{path} is truncated: its header describes {8 + length + end} bytes but the file has {size}; "
+            "copy or download it again"
+        )
+
+
+def _check_weights(folder: Path, allow_unpickling: bool) -> bool:
+    """Whether the folder's weights are safetensors (True) or pickle (False, only when allowed)."""
+    index = folder / "model.safetensors.index.json"
+    if index.exists():
+        files = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+    elif (folder / "model.safetensors").exists():
+        files = ["model.safetensors"]
+    else:
+        files = []
+    for name in files:
+        if not (folder / name).exists():
+            raise ConversionError(f"{index} lists {name}, which is not in {folder}; copy the missing shard")
+        _check_safetensors(folder / name)
+    if files:
+        return True
+    pickles = [p.name for p in folder.glob("pytorch_model*.bin")]
+    if not pickles:
+        raise ConversionError(
+            f"No weights in {folder}: expected model.safetensors (or a sharded model.safetensors.index.json) "
+            "next to config.json"
+        )
+    if not allow_unpickling:
+        raise ConversionError(
+            f"{folder} holds only pickle weights ({', '.join(sorted(pickles))}); unpickling can run code hidden "
+            "in the file. Save the checkpoint as safetensors, or pass --allow-unpickling "
+            "(allow_unpickling=True) if you trust where it came from"
+        )
+    return False
+
+
+def _check_paths(src: Path, out: Path, overwrite: bool) -> None:
+    if not src.is_dir():
+        raise ConversionError(f"The source {src} is not a folder; pass the folder that holds config.json")
+    if not (src / "config.json").is_file():
+        raise ConversionError(
+            f"No config.json in {src}: point SRC at a Hugging Face model folder (config.json plus weights)"
+        )
+    if out.resolve() == src.resolve() or src.resolve() in out.resolve().parents:
+        raise ConversionError(f"The output {out} is (inside) the source {src}; choose a folder outside it")
+    if out.exists() and not out.is_dir():
+        raise ConversionError(f"The output {out} exists and is a file; choose a folder path")
+    if out.is_dir() and any(out.iterdir()) and not overwrite:
+        raise ConversionError(
+            f"The output folder {out} exists and is not empty; pass --overwrite (overwrite=True) to replace "
+            "it, or choose another folder"
+        )
+
+
+def _family(model_type: str | None):
+    from . import FAMILIES
+
+    if model_type not in FAMILIES:
+        raise ConversionError(
+            f"No conversion for model_type={model_type!r}; supported: {', '.join(sorted(FAMILIES))}"
+        )
+    return FAMILIES[model_type]
+
+
+def architectures_for(module, hf_config) -> dict:
+    """The source classes a family converts, for this config (RoBERTa's rules depend on padding_idx)."""
+    make = getattr(module, "architectures", None)
+    return make(module.position_offset(hf_config)) if callable(make) else module.ARCHITECTURES
+
+
+# Loading ----------------------------------------------------------------------------------------
+
+
+def _load(cls, folder: Path, *, use_safetensors: bool = True, dtype="auto"):
+    """`cls.from_pretrained`, refusing keys transformers would initialise randomly or drop."""
+    model, info = cls.from_pretrained(
+        folder, dtype=dtype, use_safetensors=use_safetensors, output_loading_info=True
+    )
+    problems = {k: sorted(v) for k, v in info.items() if k != "error_msgs" and v}
+    if problems:
+        raise ConversionError(
+            f"Loading {folder} as {cls.__name__} did not match its weights to the model: {problems}; the "
+            "checkpoint does not hold the class its config.json names in `architectures`"
+        )
+    return model.eval()
+
+
+def _auto_class(model_class):
+    """The transformers Auto class swapformer registered `model_class` with."""
+    import transformers
+
+    for name, cls in model_class.auto_classes.items():
+        if cls is model_class:
+            return getattr(transformers, name)
+    raise ConversionError(f"{model_class.__name__} is not registered with an Auto class")
+
+
+def _on_meta(cls, config):
+    with torch.device("meta"):
+        return cls(config)
+
+
+# Verification -----------------------------------------------------------------------------------
+
+
+def _batch(config, pad_token_id: int | None, seq2seq: bool, length: int = 24):
+    """Inputs for both models: two rows, the second right-padded by a third, real tokens never the
+    pad id (RoBERTa counts positions over non-pad ids). No padding when there is no pad id."""
+    if config.position_embedding_type == "learned":
+        length = min(length, config.max_position_embeddings)
+    window = config.sliding_window
+    if window is not None and window <= 64:
+        length = max(length, window + 8)  # the window must cut something
+    g = torch.Generator().manual_seed(0)
+    high = config.vocab_size - (pad_token_id is not None)
+
+    def ids_and_mask(n: int):
+        ids = torch.randint(0, high, (2, n), generator=g)
+        mask = torch.ones(2, n, dtype=torch.long)
+        if pad_token_id is not None:
+            ids[ids >= pad_token_id] += 1
+            mask[1, n - n // 3 :] = 0
+            ids[mask == 0] = pad_token_id
+        return ids, mask
+
+    ids, mask = ids_and_mask(length)
+    inputs = {"input_ids": ids, "attention_mask": mask}
+    masks = {"encoder": mask}
+    if seq2seq:
+        dec, dec_mask = ids_and_mask(max(4, length // 2))
+        inputs.update(decoder_input_ids=dec, decoder_attention_mask=dec_mask)
+        masks["decoder"] = dec_mask
+    return inputs, masks
+
+
+def _diff(a: torch.Tensor, b: torch.Tensor, mask: torch.Tensor | None) -> float:
+    """max |a - b| over real tokens (padded positions are not compared: swapformer zeroes what
+    transformers leaves as an average, see DESIGN_NOTES)."""
+    if a.shape != b.shape:
+        raise VerificationError(f"Output shapes differ: {tuple(a.shape)} against {tuple(b.shape)}")
+    d = (a.float() - b.float()).abs()
+    if mask is not None and d.dim() >= 2 and tuple(d.shape[:2]) == tuple(mask.shape):
+        d = d[mask.bool()]
+    return float(d.max()) if d.numel() else 0.0
+
+
+@torch.no_grad()
+def compare(reference, candidate, config, pad_token_id: int | None) -> tuple[dict[str, float], int]:
+    """Run two models on the same padded batch; max abs diffs of hidden states and logits."""
+    seq2seq = bool(getattr(config, "is_encoder_decoder", False))
+    inputs, masks = _batch(config, pad_token_id, seq2seq)
+    a = reference(**inputs, output_hidden_states=True, return_dict=True)
+    b = candidate(**inputs, output_hidden_states=True, return_dict=True)
+    diffs = {}
+    if seq2seq:
+        diffs["encoder hidden states"] = _diff(
+            a.encoder_last_hidden_state, b.encoder_last_hidden_state, masks["encoder"]
+        )
+        diffs["decoder hidden states"] = _diff(
+            a.decoder_hidden_states[-1], b.decoder_hidden_states[-1], masks["decoder"]
+        )
+    else:
+        base_inputs = {k: inputs[k] for k in ("input_ids", "attention_mask")}
+        ha = reference.base_model(**base_inputs, return_dict=True).last_hidden_state
+        hb = candidate.base_model(**base_inputs, return_dict=True).last_hidden_state
+        diffs["hidden states"] = _diff(ha, hb, masks["encoder"])
+    token_mask = masks["decoder" if seq2seq else "encoder"]
+    for name in ("logits", "start_logits", "end_logits"):
+        if getattr(a, name, None) is not None:
+            diffs[name] = _diff(getattr(a, name), getattr(b, name), token_mask)
+    return diffs, inputs["input_ids"].shape[1]
+
+
+# Writing ----------------------------------------------------------------------------------------
+
+
+def _copy_side_files(src: Path, dst: Path) -> None:
+    for name in TOKENIZER_FILES:
+        if (src / name).is_file():
+            shutil.copy2(src / name, dst / name)
+
+
+def _card(report: ConversionReport, direction: str) -> str:
+    diffs = "\n".join(f"| {k} | {v:.3e} |" for k, v in report.diffs.items())
+    load = (
+        f"import swapformer  # registers the classes (or pass trust_remote_code=True without it)\n"
+        f'from transformers import AutoModel\nmodel = AutoModel.from_pretrained("{Path(report.output).name}")'
+        if direction == "to swapformer"
+        else f'from transformers import {report.target_class}\nmodel = {report.target_class}.from_pretrained("{Path(report.output).name}")'
+    )
+    return f"""---
+library_name: transformers
+tags: [swapformer, converted]
+---
+
+# {Path(report.output).name}
+
+`{report.source_class}` (model_type `{report.family}`) from `{report.source}`, converted {direction} as
+`{report.target_class}` by `swapformer convert`. The weights are the source's, renamed and reshaped only.
+
+Verified after writing: both folders loaded again and run in fp32 on one batch of two sequences of
+{report.tokens} tokens, the second right-padded; max abs diff on real tokens (tolerance {TOLERANCE:g}):
+
+| output | max abs diff |
+|---|---|
+{diffs}
+
+```python
+{load}
+```
+"""
+
+
+def _finish(tmp: Path, out: Path, report: ConversionReport, direction: str) -> None:
+    (tmp / "README.md").write_text(_card(report, direction))
+    if out.exists():
+        shutil.rmtree(out)
+    os.replace(tmp, out)
+
+
+def _scratch(out: Path) -> Path:
+    tmp = out.parent / f".{out.name}.partial-{os.getpid()}"
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    tmp.mkdir(parents=True)
+    return tmp
+
+
+# The two directions -----------------------------------------------------------------------------
+
+
+def convert(
+    src: str | os.PathLike,
+    out: str | os.PathLike,
+    *,
+    to_hf: bool = False,
+    overwrite: bool = False,
+    allow_unpickling: bool = False,
+    tolerance: float = TOLERANCE,
+    log: Callable[[str], None] = print,
+) -> ConversionReport:
+    """Convert the checkpoint folder `src` into `out`, verified; see the module docstring.
+
+    Args:
+        to_hf: `src` is a swapformer folder written by a conversion; write the transformers model back.
+        overwrite: replace a non-empty `out` (only once the new folder is verified).
+        allow_unpickling: read pickle weights (pytorch_model.bin), which can run code from the file.
+        tolerance: largest max abs diff (fp32) accepted between source and converted outputs.
+        log: where progress and the measured diffs are printed.
+    Raises:
+        ConversionError (a ValueError): bad paths, unsupported family or class, keys that do not line
+            up, truncated or pickle-only weights; `VerificationError` when the outputs differ.
+    """
+    import swapformer  # noqa: F401  (registers the swapformer Auto classes)
+
+    src, out = Path(src), Path(out)
+    _check_paths(src, out, overwrite)
+    model_type = json.loads((src / "config.json").read_text()).get("model_type")
+    if to_hf and model_type not in SWAPFORMER_TYPES:
+        raise ConversionError(
+            f"--to-hf converts a swapformer folder back, but {src} has model_type={model_type!r}; drop --to-hf "
+            "to convert it into swapformer"
+        )
+    if not to_hf and model_type in SWAPFORMER_TYPES:
+        raise ConversionError(
+            f"{src} is already a swapformer folder (model_type={model_type!r}); pass --to-hf (to_hf=True) to "
+            "convert it back to its transformers family"
+        )
+    if not to_hf:
+        _family(model_type)
+    use_safetensors = _check_weights(src, allow_unpickling)
+    tmp = _scratch(out)
+    try:
+        run = _to_hf if to_hf else _from_hf
+        report = run(src, tmp, use_safetensors=use_safetensors, log=log)
+        report.output = str(out)
+        for name, value in report.diffs.items():
+            log(f"verification: {name} max abs diff {value:.3e}")
+        if not report.max_diff <= tolerance:
+            raise VerificationError(
+                f"Verification failed: max abs diff {report.max_diff:.3e} > tolerance {tolerance:g} "
+                f"({report.source_class} against {report.target_class}: {report.diffs}); nothing was written to {out}"
+            )
+        _finish(tmp, out, report, "back to transformers" if to_hf else "to swapformer")
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp)
+    log(f"wrote {out} ({report.target_class}, max abs diff {report.max_diff:.3e})")
+    return report
+
+
+def _from_hf(src: Path, tmp: Path, *, use_safetensors: bool, log) -> ConversionReport:
+    import transformers
+
+    from .. import modeling
+
+    hf_config = transformers.AutoConfig.from_pretrained(src)
+    module = _family(hf_config.model_type)
+    archs = architectures_for(module, hf_config)
+    arch = (hf_config.architectures or [None])[0]
+    if arch is None:
+        arch = next(iter(archs))
+        log(f"config.json names no architecture; converting the base model {arch}")
+    if arch not in archs:
+        raise ConversionError(
+            f"{arch} (from `architectures` in {src / 'config.json'}) has no swapformer counterpart; "
+            f"{hf_config.model_type} converts: {', '.join(archs)}"
+        )
+    hf_class = getattr(transformers, arch)
+    target_class = getattr(modeling, archs[arch].target)
+    log(f"converting {arch} ({hf_config.model_type}) from {src} to {target_class.__name__}")
+    source_model = _load(hf_class, src, use_safetensors=use_safetensors)
+    source = untied_state_dict(source_model)
+
+    model, state, aside = build_target(module, archs[arch], source_model.config, source, meta=True)
+    model.config.converted_from = {"model_type": hf_config.model_type, "architecture": arch}
+    if model.can_generate() and source_model.can_generate():
+        model.generation_config = source_model.generation_config
+    model.save_pretrained(tmp)
+    if aside:
+        from safetensors.torch import save_file
+
+        save_file(
+            {k: v.contiguous() for k, v in aside.items()}, tmp / UNUSED_WEIGHTS, metadata={"format": "pt"}
+        )
+    _copy_side_files(src, tmp)
+    del model
+
+    reference = (
+        source_model
+        if source_model.dtype == torch.float32
+        else _load(hf_class, src, dtype=torch.float32, use_safetensors=use_safetensors)
+    )
+    candidate = _load(_auto_class(target_class), tmp, dtype=torch.float32)
+    diffs, tokens = compare(reference, candidate, candidate.config, source_model.config.pad_token_id)
+    return ConversionReport(
+        str(src), str(tmp), hf_config.model_type, arch, target_class.__name__, diffs, tokens
+    )
+
+
+def _targets(rules, key: str) -> tuple[str, ...]:
+    for rule in rules:
+        targets = rule.apply(key)
+        if targets is not None:
+            return targets
+    return ()
+
+
+def build_target(module, arch, hf_config, source: dict[str, torch.Tensor], *, meta: bool):
+    """The swapformer model of `arch` holding the converted `source` tensors (untied state dict).
+
+    Returns (model, its state dict, the tensors set aside). A source whose output projection is a
+    tensor of its own (T5 v1.1, an untied GPT-2 or Llama) gives an untied model, whatever its config
+    says. With `meta`, the model is built without memory and takes the tensors themselves.
+    """
+    from .. import modeling
+
+    target_class = getattr(modeling, arch.target)
+    config = module.config_from_hf(hf_config)
+    make = (
+        (lambda: _on_meta(target_class, copy.deepcopy(config)))
+        if meta
+        else (lambda: target_class(copy.deepcopy(config)))
+    )
+    model = make()
+    produced = {t for key in source for t in _targets(arch.rules, key)}
+    if config.tie_word_embeddings and produced & set(model.all_tied_weights_keys):
+        config.tie_word_embeddings = False
+        model = make()
+    state = convert_state_dict(
+        source, arch.rules, expected_keys=expected_target_keys(model), drop=module.DROP
+    )
+    aside = {k[len(ASIDE) :]: v for k, v in state.items() if k.startswith(ASIDE)}
+    state = {k: v for k, v in state.items() if not k.startswith(ASIDE)}
+    result = model.load_state_dict(state, strict=False, assign=meta)
+    if set(result.missing_keys) - set(model.all_tied_weights_keys) or result.unexpected_keys:
+        raise ConversionError(f"load_state_dict disagreed with the key check: {result}")
+    model.tie_weights()
+    return model.eval(), state, aside
+
+
+def _to_hf(src: Path, tmp: Path, *, use_safetensors: bool, log) -> ConversionReport:
+    import transformers
+    from huggingface_hub import save_torch_state_dict
+    from safetensors.torch import load_file
+
+    from .. import modeling
+
+    config = transformers.AutoConfig.from_pretrained(src)
+    origin = getattr(config, "converted_from", None)
+    if not isinstance(origin, dict) or "model_type" not in origin:
+        raise ConversionError(
+            f"{src / 'config.json'} does not say which transformers family it came from (no `converted_from`); "
+            "only folders written by `swapformer convert`, or models loaded from them and saved again, convert back"
+        )
+    module = _family(origin["model_type"])
+    ours = (config.architectures or [None])[0]
+    target_class = getattr(modeling, ours or "", None)
+    if target_class is None:
+        raise ConversionError(
+            f"{src / 'config.json'} names architectures={config.architectures}; expected a swapformer class"
+        )
+    hf_config = module.config_to_hf(config)
+    archs = architectures_for(module, hf_config)
+    candidates = [a for a, arch in archs.items() if arch.target == ours]
+    if not candidates:
+        raise ConversionError(
+            f"{ours} has no {origin['model_type']} counterpart; it converts back: {', '.join(archs)}"
+        )
+    arch = origin.get("architecture") if origin.get("architecture") in candidates else candidates[0]
+    hf_class = getattr(transformers, arch)
+    log(f"converting {ours} from {src} back to {arch} ({origin['model_type']})")
+
+    source_model = _load(target_class, src, use_safetensors=use_safetensors)
+    state = untied_state_dict(source_model)
+    if (src / UNUSED_WEIGHTS).exists():
+        _check_safetensors(src / UNUSED_WEIGHTS)
+        state.update({ASIDE + k: v for k, v in load_file(src / UNUSED_WEIGHTS).items()})
+    skeleton = _on_meta(hf_class, hf_config)
+    try:
+        hf_state = invert_state_dict(
+            state,
+            archs[arch].rules,
+            source_keys=skeleton.state_dict().keys(),
+            tied=dict(skeleton.all_tied_weights_keys),
+            drop=module.DROP,
+        )
+    except ConversionError as e:
+        if ASIDE in str(e):
+            raise ConversionError(
+                f"{e}. The `{ASIDE}` tensors live in {UNUSED_WEIGHTS}, which `swapformer convert` wrote next to the "
+                f"converted model; copy that file into {src}"
+            ) from e
+        raise
+    hf_config.architectures = [arch]
+    hf_config.save_pretrained(tmp)
+    save_torch_state_dict({k: v.contiguous() for k, v in hf_state.items()}, tmp)
+    if (src / "generation_config.json").exists():
+        shutil.copy2(src / "generation_config.json", tmp / "generation_config.json")
+    _copy_side_files(src, tmp)
+
+    reference = (
+        source_model if source_model.dtype == torch.float32 else _load(target_class, src, dtype=torch.float32)
+    )
+    candidate = _load(hf_class, tmp, dtype=torch.float32)
+    diffs, tokens = compare(reference, candidate, config, hf_config.pad_token_id)
+    return ConversionReport(str(src), str(tmp), origin["model_type"], ours, arch, diffs, tokens)
