@@ -4,7 +4,14 @@ conversion with verification (`convert`, the `swapformer convert` command)."""
 from __future__ import annotations
 
 from . import bart, bert, gpt2, llama, mistral, roberta, t5
-from .convert import TOLERANCE, ConversionReport, VerificationError, architectures_for, build_target, convert
+from .checkpoint import (
+    TOLERANCE,
+    ConversionReport,
+    VerificationError,
+    architectures_for,
+    build_target,
+    convert,
+)
 from .rules import (
     ASIDE,
     ConversionError,

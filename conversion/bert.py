@@ -41,17 +41,18 @@ def positions_from_row(offset: int) -> Rule:
 
 
 def encoder_heads(prefix: str, base_rules: list[Rule], mlm_rules: list[Rule], seq_rules: list[Rule]):
-    """The five encoder classes, for a family whose heads nest the encoder under `prefix`."""
+    """The five encoder classes, for a family whose heads nest the encoder under `prefix`. Head rules
+    come first: they win over the base rules (BERT's classifier reads the pooler the base sets aside)."""
     nested = prefixed(base_rules, prefix, "model.")
     return {
         "Model": Architecture("EncoderModel", base_rules),
-        "ForMaskedLM": Architecture("EncoderForMaskedLM", nested + mlm_rules),
-        "ForSequenceClassification": Architecture("EncoderForSequenceClassification", nested + seq_rules),
+        "ForMaskedLM": Architecture("EncoderForMaskedLM", mlm_rules + nested),
+        "ForSequenceClassification": Architecture("EncoderForSequenceClassification", seq_rules + nested),
         "ForTokenClassification": Architecture(
-            "EncoderForTokenClassification", nested + [Rule(r"classifier\.(weight|bias)", r"classifier.\1")]
+            "EncoderForTokenClassification", [Rule(r"classifier\.(weight|bias)", r"classifier.\1"), *nested]
         ),
         "ForQuestionAnswering": Architecture(
-            "EncoderForQuestionAnswering", nested + [Rule(r"qa_outputs\.(weight|bias)", r"qa_outputs.\1")]
+            "EncoderForQuestionAnswering", [Rule(r"qa_outputs\.(weight|bias)", r"qa_outputs.\1"), *nested]
         ),
     }
 

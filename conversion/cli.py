@@ -18,10 +18,14 @@ def add_subcommand(subparsers) -> None:
     parser.add_argument("src", help="folder with config.json and weights")
     parser.add_argument("out", help="folder to write (must not exist or be empty, unless --overwrite)")
     parser.add_argument(
-        "--to-hf", action="store_true", help="SRC is a converted swapformer folder: write the transformers model back"
+        "--to-hf",
+        action="store_true",
+        help="SRC is a converted swapformer folder: write the transformers model back",
     )
     parser.add_argument(
-        "--overwrite", action="store_true", help="replace a non-empty OUT (only once the new folder is verified)"
+        "--overwrite",
+        action="store_true",
+        help="replace a non-empty OUT (only once the new folder is verified)",
     )
     parser.add_argument(
         "--allow-unpickling",
@@ -37,7 +41,7 @@ def add_subcommand(subparsers) -> None:
 def _run(args: argparse.Namespace) -> int:
     import sys
 
-    from .convert import ConversionError, convert
+    from .checkpoint import ConversionError, convert
 
     try:
         convert(

@@ -422,18 +422,21 @@ def _from_hf(src: Path, tmp: Path, *, use_safetensors: bool, log) -> ConversionR
             {k: v.contiguous() for k, v in aside.items()}, tmp / UNUSED_WEIGHTS, metadata={"format": "pt"}
         )
     _copy_side_files(src, tmp)
-    del model
-
-    reference = (
-        source_model
-        if source_model.dtype == torch.float32
-        else _load(hf_class, src, dtype=torch.float32, use_safetensors=use_safetensors)
-    )
-    candidate = _load(_auto_class(target_class), tmp, dtype=torch.float32)
-    diffs, tokens = compare(reference, candidate, candidate.config, source_model.config.pad_token_id)
+    pad_token_id = source_model.config.pad_token_id
+    del model, source_model, source, state, aside
+    diffs, tokens = _verify(hf_class, src, _auto_class(target_class), tmp, pad_token_id, use_safetensors)
     return ConversionReport(
         str(src), str(tmp), hf_config.model_type, arch, target_class.__name__, diffs, tokens
     )
+
+
+def _verify(source_class, src: Path, target_class, tmp: Path, pad_token_id, use_safetensors: bool):
+    """Both folders loaded afresh from disk in fp32 (nothing shared with the tensors just written),
+    run on the same batch; the batch is sized by the swapformer side's config."""
+    reference = _load(source_class, src, dtype=torch.float32, use_safetensors=use_safetensors)
+    candidate = _load(target_class, tmp, dtype=torch.float32)
+    swapformer_side = candidate if candidate.config.model_type in SWAPFORMER_TYPES else reference
+    return compare(reference, candidate, swapformer_side.config, pad_token_id)
 
 
 def _targets(rules, key: str) -> tuple[str, ...]:
@@ -537,9 +540,7 @@ def _to_hf(src: Path, tmp: Path, *, use_safetensors: bool, log) -> ConversionRep
         shutil.copy2(src / "generation_config.json", tmp / "generation_config.json")
     _copy_side_files(src, tmp)
 
-    reference = (
-        source_model if source_model.dtype == torch.float32 else _load(target_class, src, dtype=torch.float32)
-    )
-    candidate = _load(hf_class, tmp, dtype=torch.float32)
-    diffs, tokens = compare(reference, candidate, config, hf_config.pad_token_id)
+    pad_token_id = hf_config.pad_token_id
+    del source_model, state, hf_state
+    diffs, tokens = _verify(target_class, src, hf_class, tmp, pad_token_id, use_safetensors)
     return ConversionReport(str(src), str(tmp), origin["model_type"], ours, arch, diffs, tokens)

