@@ -13,6 +13,7 @@ import sys
 
 # modules that contribute subcommands, each with add_subcommand(subparsers)
 _SUBCOMMAND_MODULES = (
+    "swapformer.training.cli",
     "swapformer.conversion.cli",
 )
 

@@ -1,0 +1,359 @@
+"""`swapformer train`: each architecture end to end on tiny configs, exact resume, 1 vs 2 processes,
+the perplexity metric against a hand computation, the model card, failures before and during training."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import pathlib
+import subprocess
+import sys
+
+import pytest
+import torch
+from huggingface_hub import ModelCard
+from safetensors.torch import load_file
+from transformers import AutoModelForCausalLM, AutoModelForMaskedLM, AutoModelForSeq2SeqLM, AutoTokenizer
+
+from swapformer.cli import main
+from swapformer.training.args import TrainArgs, TrainArgumentError
+from swapformer.training.data import BlockOrder, split_documents, stdlib_documents
+from swapformer.training.evaluation import load_metric, model_log_probs, target_counts, unigram_log_probs
+from swapformer.training.loop import TrainingDiverged, check_launch, train
+from swapformer.training.objectives import SpanCorruption, make_objective
+from swapformer.training.tokenizer import train_tokenizer
+
+from conftest import max_diff
+
+AUTO = {
+    "decoder": AutoModelForCausalLM,
+    "encoder": AutoModelForMaskedLM,
+    "encoder-decoder": AutoModelForSeq2SeqLM,
+}
+TINY_MODEL = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64)
+
+
+@pytest.fixture(scope="module")
+def text_folder(tmp_path_factory) -> pathlib.Path:
+    """Twenty stdlib modules as a --data folder of text files (about 150k characters)."""
+    folder = tmp_path_factory.mktemp("texts")
+    docs = [d for d in stdlib_documents() if 2_000 < len(d.text) < 15_000][:20]
+    for i, d in enumerate(docs):
+        (folder / f"doc{i:02d}.txt").write_text(d.text)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def saved_tokenizer(tmp_path_factory, text_folder) -> pathlib.Path:
+    folder = tmp_path_factory.mktemp("tokenizer")
+    texts = [p.read_text() for p in sorted(text_folder.glob("*.txt"))]
+    train_tokenizer(texts, 600).save_pretrained(folder)
+    return folder
+
+
+def tiny_args(out: pathlib.Path, data: pathlib.Path | None, **overrides) -> TrainArgs:
+    base = dict(
+        output_dir=str(out),
+        data=[str(data)] if data is not None else [],
+        vocab_size=600,
+        seq_len=32,
+        batch_size=4,
+        max_steps=8,
+        lr=3e-3,
+        warmup_steps=1,
+        save_every=3,
+        eval_every=4,
+        max_train_chars=60_000,
+        max_val_chars=6_000,
+        val_fraction=0.15,
+        progress=False,
+    )
+    options = {**TINY_MODEL, **overrides.pop("model_options", {})}
+    base.update(overrides)
+    return TrainArgs(model_options=options, **base)
+
+
+def losses(out: pathlib.Path) -> list[tuple[int, float]]:
+    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    return [(r["step"], r["loss"]) for r in records if "loss" in r]
+
+
+# The metric ----------------------------------------------------------------------------------------
+
+
+def test_perplexity_metric_matches_a_hand_computation(report):
+    g = torch.Generator().manual_seed(0)
+    rows, hand_sum, hand_n = [], 0.0, 0
+    for length in (5, 3, 0, 7):
+        logits = torch.randn(length, 6, generator=g, dtype=torch.float64).tolist()
+        targets = torch.randint(6, (length,), generator=g).tolist()
+        row = []
+        for z, t in zip(logits, targets):
+            p = math.exp(z[t]) / sum(math.exp(v) for v in z)  # softmax by hand
+            row.append(math.log(p))
+            hand_sum += -math.log(p)
+            hand_n += 1
+        rows.append(row)
+    metric = load_metric()
+    metric.add_batch(log_probs=rows[:2])
+    metric.add_batch(log_probs=rows[2:])
+    result = metric.compute()
+    hand = math.exp(hand_sum / hand_n)
+    report("perplexity: metric - hand", result["perplexity"] - hand)
+    assert result["num_tokens"] == hand_n == 15
+    assert result["perplexity"] == pytest.approx(hand, rel=1e-12)
+    with pytest.raises(ValueError, match="log-probabilities"):
+        load_metric().compute(log_probs=[[0.5]])
+
+
+def test_model_perplexity_is_exp_of_its_loss_and_unigram_baseline_is_add_one(report):
+    import swapformer
+
+    cfg = swapformer.DecoderConfig(
+        vocab_size=50, **TINY_MODEL, max_position_embeddings=16, hidden_dropout=0.0
+    )
+    torch.manual_seed(0)
+    model = swapformer.DecoderForCausalLM(cfg).eval()
+    ids = torch.randint(50, (3, 10), generator=torch.Generator().manual_seed(1))
+    batch = {"input_ids": ids, "labels": ids}
+    rows = model_log_probs(model, [batch], shift=True)
+    result = load_metric().compute(log_probs=rows)
+    with torch.no_grad():
+        loss = model(**batch).loss.item()
+    report("log perplexity - model loss", math.log(result["perplexity"]) - loss)
+    assert result["num_tokens"] == 3 * 9
+    assert math.log(result["perplexity"]) == pytest.approx(loss, abs=1e-5)
+
+    causal = make_objective(None, TrainArgs().resolved())  # targets: tokens 1.. of each block
+    counts = target_counts(torch.tensor([[3, 0, 0, 1, 2]]), causal, 5, None)
+    assert counts.tolist() == [2, 1, 1, 0, 0]
+    val = [{"labels": torch.tensor([[0, 4, 1, -100]])}]
+    (row,) = unigram_log_probs(counts, val, shift=False)
+    assert row == pytest.approx([math.log(3 / 9), math.log(1 / 9), math.log(2 / 9)])
+
+
+# Data and objectives ---------------------------------------------------------------------------------
+
+
+def test_split_and_block_order_are_deterministic():
+    docs = stdlib_documents()
+    train_a, val_a = split_documents(docs, 0.05, 200_000, 20_000)
+    train_b, val_b = split_documents(list(reversed(docs)), 0.05, 200_000, 20_000)
+    assert [d.name for d in train_a] == [d.name for d in train_b]
+    assert [d.name for d in val_a] == [d.name for d in val_b]
+    assert not {d.name for d in train_a} & {d.name for d in val_a}
+    order = BlockOrder(10, seed=3)
+    epoch0 = order.indices(0, 10)
+    assert sorted(epoch0.tolist()) == list(range(10))  # every block once per epoch
+    assert torch.equal(order.indices(7, 6), torch.cat([epoch0[7:], BlockOrder(10, seed=3).indices(10, 3)]))
+
+
+def test_span_corruption_hides_spans_that_the_target_restores(saved_tokenizer):
+    tokenizer = AutoTokenizer.from_pretrained(saved_tokenizer)
+    args = TrainArgs(arch="encoder-decoder", seq_len=40).resolved()
+    objective = make_objective(tokenizer, args)
+    blocks = torch.randint(200, 500, (3, 40), generator=torch.Generator().manual_seed(0))
+    batch = objective(blocks, torch.Generator().manual_seed(1))
+    lengths = SpanCorruption.lengths_for(args)
+    assert batch["input_ids"].shape == (3, lengths["encoder input"])
+    assert batch["labels"].shape == (3, lengths["decoder target"])
+    sentinels = set(objective.sentinels.tolist())
+    for inp, tgt, original in zip(batch["input_ids"].tolist(), batch["labels"].tolist(), blocks.tolist()):
+        spans, current = {}, None
+        for t in tgt[:-1]:
+            if t in sentinels:
+                current = spans.setdefault(t, [])
+            else:
+                current.append(t)
+        restored = [x for t in inp[:-1] for x in (spans[t] if t in sentinels else [t])]
+        assert restored == original
+
+
+# End to end per architecture ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("arch", ["decoder", "encoder", "encoder-decoder"])
+def test_each_architecture_trains_and_writes_a_hub_ready_folder(arch, tmp_path, text_folder, saved_tokenizer):
+    data = text_folder
+    extra = {}
+    if arch == "encoder":  # a `datasets` dataset saved on disk
+        from datasets import Dataset
+
+        texts = [p.read_text() for p in sorted(text_folder.glob("*.txt"))]
+        Dataset.from_dict({"text": texts}).save_to_disk(str(tmp_path / "ds"))
+        data = tmp_path / "ds"
+    if arch == "encoder-decoder":  # a tokenizer given instead of trained
+        extra = dict(tokenizer=str(saved_tokenizer), seq_len=48)
+    out = tmp_path / "run"
+    metrics = train(tiny_args(out, data, arch=arch, attn="eager" if arch == "encoder" else "sdpa", **extra))
+
+    for name in (
+        "config.json",
+        "model.safetensors",
+        "tokenizer.json",
+        "training_args.json",
+        "metrics.json",
+        "README.md",
+    ):
+        assert (out / name).is_file(), name
+    assert list(out.glob("modeling_*.py")), "remote code missing"
+    assert (out / "loss_curve.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert json.loads((out / "config.json").read_text())["auto_map"]
+    assert json.loads((out / "metrics.json").read_text()) == pytest.approx(metrics)
+    curve = losses(out)
+    assert [s for s, _ in curve] == list(range(1, 9))
+    assert all(math.isfinite(v) for _, v in curve)
+    assert curve[-1][1] < curve[0][1]  # it learned something
+    assert 1 < metrics["val_perplexity"] < 600 and 1 < metrics["unigram_perplexity"] < 600
+
+    # the model card carries the real numbers, in the text and in the Hub metadata
+    card = ModelCard.load(out / "README.md")
+    assert card.data.library_name == "transformers"
+    assert card.data.eval_results[0].metric_type == "perplexity"
+    assert card.data.eval_results[0].metric_value == round(metrics["val_perplexity"], 4)
+    assert f"| {metrics['val_perplexity']:.2f} |" in card.text
+    assert f"| {metrics['unigram_perplexity']:.2f} |" in card.text
+
+    model = AUTO[arch].from_pretrained(out).eval()
+    tokenizer = AutoTokenizer.from_pretrained(out)
+    ids = tokenizer("def main():\n    return", return_tensors="pt").input_ids
+    if arch == "encoder":
+        with torch.no_grad():
+            logits = model(ids).logits
+        assert logits.shape == (1, ids.shape[1], len(tokenizer)) and torch.isfinite(logits).all()
+    else:
+        generated = model.generate(ids, max_new_tokens=4, do_sample=False, min_new_tokens=4)
+        assert generated.shape[1] == (ids.shape[1] if arch == "decoder" else 1) + 4
+
+
+# Reliability ---------------------------------------------------------------------------------------------
+
+
+def test_resume_after_a_kill_reproduces_the_uninterrupted_run(tmp_path, text_folder, report):
+    # dropout on and accumulation: the resumed run must also restore the RNG and the batch split
+    kw = dict(grad_accum=2, model_options=dict(hidden_dropout=0.1))
+    full = tmp_path / "full"
+    train(tiny_args(full, text_folder, **kw))
+    broken = tmp_path / "broken"
+    assert train(tiny_args(broken, text_folder, stop_after=5, **kw)) == {"stopped_at": 5}
+    assert [p.name for p in sorted((broken / "checkpoints").iterdir())] == ["step_0000003"]
+    assert not (broken / "model.safetensors").exists()
+    train(tiny_args(broken, text_folder, resume="latest", **kw))
+    a, b = losses(full), losses(broken)
+    assert [s for s, _ in b] == list(range(1, 9))  # steps 4-5 were redone, not logged twice
+    diff = max(abs(x - y) for (_, x), (_, y) in zip(a, b))
+    wa, wb = load_file(str(full / "model.safetensors")), load_file(str(broken / "model.safetensors"))
+    weights = max(max_diff(wa[k], wb[k]) for k in wa)
+    report("resume: max |loss diff| over 8 steps", diff)
+    report("resume: max |weight diff|", weights)
+    assert diff <= 1e-6 and weights <= 1e-6
+
+
+def test_two_processes_follow_the_single_process_loss_curve(tmp_path, text_folder, report):
+    one = tmp_path / "one"
+    train(tiny_args(one, text_folder, grad_accum=2))  # global batch 4 x 2
+    two = tmp_path / "two"
+    argv = [
+        "--output-dir", str(two), "--data", str(text_folder), "--vocab-size", "600", "--seq-len", "32",
+        "--batch-size", "4", "--max-steps", "8", "--lr", "3e-3", "--warmup-steps", "1", "--save-every", "3",
+        "--eval-every", "4", "--max-train-chars", "60000", "--max-val-chars", "6000", "--val-fraction", "0.15",
+        "--no-progress",
+    ]  # fmt: skip
+    for k, v in TINY_MODEL.items():
+        argv += ["--set", f"{k}={v}"]
+    accelerate = pathlib.Path(sys.executable).with_name("accelerate")
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    command = [str(accelerate), "launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1"]
+    command += ["--mixed_precision", "no", "--dynamo_backend", "no", "-m", "swapformer", "train", *argv]
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    metrics = json.loads((two / "metrics.json").read_text())
+    assert metrics["num_processes"] == 2 and metrics["global_batch"] == 8
+    a, b = losses(one), losses(two)
+    assert [s for s, _ in a] == [s for s, _ in b] == list(range(1, 9))
+    diff = max(abs(x - y) for (_, x), (_, y) in zip(a, b))
+    report("1 process x 2 accumulation vs 2 processes: max |loss diff|", diff)
+    assert diff <= 1e-5
+    assert metrics["val_perplexity"] == pytest.approx(
+        json.loads((one / "metrics.json").read_text())["val_perplexity"], rel=1e-4
+    )
+
+
+def test_accelerate_launch_that_started_one_process_is_refused(monkeypatch):
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    monkeypatch.setenv("ACCELERATE_MIXED_PRECISION", "no")
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    with pytest.raises(TrainArgumentError, match="--multi_gpu"):
+        check_launch()
+
+
+def test_nan_loss_stops_the_run_and_keeps_the_last_good_checkpoint(tmp_path, text_folder):
+    def poison(step, model):
+        if step == 3:  # after step 3's update, before step 4's forward
+            with torch.no_grad():
+                next(model.parameters()).fill_(float("nan"))
+
+    out = tmp_path / "run"
+    with pytest.raises(TrainingDiverged, match=r"step 4.*step_0000002"):
+        train(tiny_args(out, text_folder, save_every=2), step_hook=poison)
+    assert [p.name for p in sorted((out / "checkpoints").iterdir())] == ["step_0000002"]
+    weights = load_file(str(out / "checkpoints" / "step_0000002" / "model.safetensors"))
+    assert all(torch.isfinite(w).all() for w in weights.values())
+    assert not (out / "model.safetensors").exists()
+    # the run continues from the good checkpoint
+    metrics = train(tiny_args(out, text_folder, save_every=2, resume="latest"))
+    assert math.isfinite(metrics["val_perplexity"])
+
+
+def test_a_folder_holding_another_run_is_not_overwritten(tmp_path, text_folder, capsys):
+    out = tmp_path / "run"
+    train(tiny_args(out, text_folder, stop_after=1))
+    saved = (out / "training_args.json").read_text()
+    with pytest.raises(TrainArgumentError, match="--overwrite"):
+        train(tiny_args(out, text_folder, lr=1e-3))
+    with pytest.raises(TrainArgumentError, match="differ.*lr"):
+        train(tiny_args(out, text_folder, lr=1e-3, resume="latest"))
+    assert (out / "training_args.json").read_text() == saved
+    train(tiny_args(out, text_folder, lr=1e-3, overwrite=True, max_steps=2))
+    assert json.loads((out / "training_args.json").read_text())["lr"] == 1e-3
+
+    foreign = tmp_path / "foreign"
+    foreign.mkdir()
+    (foreign / "notes.txt").write_text("mine")
+    assert main(["train", "--output-dir", str(foreign), "--overwrite"]) == 2
+    assert "holds no swapformer run" in capsys.readouterr().err
+    assert (foreign / "notes.txt").read_text() == "mine"
+
+
+@pytest.mark.parametrize(
+    "argv, named",
+    [
+        (["--attn", "nosuch"], "--attn"),
+        (["--batch-size", "0"], "--batch-size"),
+        (["--data", "/no/such/path"], "--data"),
+        (["--seq-len", "128", "--set", "max_position_embeddings=64"], "--seq-len"),
+        (["--set", "no_such_field=1"], "--set"),
+        (["--arch", "encoder", "--set", "decoder_layers=2"], "--arch encoder"),
+        (["--set", "num_attention_heads=5"], "num_attention_heads"),
+        (["--arch", "encoder", "--attn", "flash_attention_2"], "flash_attention_2"),
+        pytest.param(
+            ["--attn", "flex_attention"],
+            "--attn 'flex_attention' has no backward pass",
+            marks=pytest.mark.skipif(torch.cuda.is_available(), reason="flex trains on CUDA"),
+        ),
+    ],
+)
+def test_bad_arguments_fail_before_training_naming_the_argument(argv, named, tmp_path, capsys):
+    out = tmp_path / "never"
+    assert main(["train", "--output-dir", str(out), *argv]) == 2
+    err = capsys.readouterr().err
+    assert named in err, err
+    assert not out.exists()  # nothing was written: it failed before the run started
+
+
+def test_python_m_swapformer_train_help():
+    done = subprocess.run(
+        [sys.executable, "-m", "swapformer", "train", "--help"], capture_output=True, text=True
+    )
+    assert done.returncode == 0 and "--resume" in done.stdout and "--mixed-precision" in done.stdout

@@ -1,0 +1,273 @@
+"""The arguments of `swapformer train`: one dataclass, presets that fill what is left unset, and the
+checks that run before any data is read or any model is built.
+
+Every error names the command-line flag at fault (`--batch-size`, `--attn`, ...), since that is what
+the user typed. Model options are any field of the chosen config class, given as `--config file.json`
+or one `--set field=value` per field.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from dataclasses import dataclass, field
+
+from ..configuration import DecoderConfig, EncoderConfig, Seq2SeqConfig
+from ..configuration.backends import check_backend_name
+
+ARCHS = ("decoder", "encoder", "encoder-decoder")
+CONFIG_CLASSES = {"decoder": DecoderConfig, "encoder": EncoderConfig, "encoder-decoder": Seq2SeqConfig}
+MIXED_PRECISION = ("no", "fp16", "bf16", "fp8")
+
+# Presets fill every argument left unset. `tiny` is the default: about 2 minutes on 2 CPU cores.
+# Model fields go to the config; the rest are training arguments.
+PRESETS: dict[str, dict] = {
+    "tiny": dict(
+        model=dict(hidden_size=192, num_hidden_layers=4, num_attention_heads=4, intermediate_size=512),
+        vocab_size=4096,
+        seq_len=128,
+        batch_size=16,
+        max_steps=300,
+        lr=2e-3,
+        warmup_steps=30,
+        max_train_chars=2_500_000,
+        max_val_chars=150_000,
+        save_every=100,
+        eval_every=100,
+    ),
+    "small": dict(
+        model=dict(hidden_size=384, num_hidden_layers=6, num_attention_heads=6, intermediate_size=1024),
+        vocab_size=8192,
+        seq_len=256,
+        batch_size=32,
+        max_steps=3000,
+        lr=1e-3,
+        warmup_steps=200,
+        max_train_chars=0,
+        max_val_chars=600_000,
+        save_every=500,
+        eval_every=500,
+    ),
+    "base": dict(
+        model=dict(hidden_size=768, num_hidden_layers=12, num_attention_heads=12, intermediate_size=2048),
+        vocab_size=16384,
+        seq_len=512,
+        batch_size=32,
+        max_steps=20000,
+        lr=6e-4,
+        warmup_steps=1000,
+        max_train_chars=0,
+        max_val_chars=0,
+        save_every=1000,
+        eval_every=1000,
+    ),
+}
+# A Llama-like block for every preset; dropout off (short pretraining runs underfit, not overfit).
+MODEL_DEFAULTS = dict(
+    position_embedding_type="rope",
+    norm_type="rmsnorm",
+    mlp_type="gated",
+    hidden_act="silu",
+    attention_bias=False,
+    mlp_bias=False,
+    hidden_dropout=0.0,
+)
+# Training arguments that may differ between a run and its resumption.
+RESUME_FREE = frozenset({"resume", "overwrite", "stop_after", "progress"})
+
+
+class TrainArgumentError(ValueError):
+    """A wrong `swapformer train` argument, found before training starts."""
+
+
+@dataclass
+class TrainArgs:
+    """Arguments of one training run. `None` means "from the preset"."""
+
+    arch: str = "decoder"
+    preset: str = "tiny"
+    output_dir: str = "swapformer-model"
+    data: list[str] = field(default_factory=list)
+    text_column: str = "text"
+    tokenizer: str | None = None
+    vocab_size: int | None = None
+    config: str | None = None
+    model_options: dict = field(default_factory=dict)
+    attn: str = "sdpa"
+    seq_len: int | None = None
+    batch_size: int | None = None
+    grad_accum: int = 1
+    max_steps: int | None = None
+    lr: float | None = None
+    weight_decay: float = 0.1
+    adam_beta1: float = 0.9
+    adam_beta2: float = 0.95
+    adam_eps: float = 1e-8
+    max_grad_norm: float = 1.0
+    warmup_steps: int | None = None
+    min_lr_ratio: float = 0.1
+    mixed_precision: str = "no"
+    gradient_checkpointing: bool = False
+    seed: int = 0
+    save_every: int | None = None
+    keep_checkpoints: int = 2
+    eval_every: int | None = None
+    max_train_chars: int | None = None
+    max_val_chars: int | None = None
+    val_fraction: float = 0.05
+    mlm_probability: float = 0.15
+    noise_density: float = 0.15
+    mean_span_length: float = 3.0
+    resume: str | None = None
+    overwrite: bool = False
+    progress: bool = True
+    stop_after: int | None = None  # test hook: end as if killed after this step (no save)
+
+    def resolved(self) -> TrainArgs:
+        """A copy with every unset argument taken from the preset."""
+        if self.preset not in PRESETS:
+            raise TrainArgumentError(
+                f"--preset {self.preset!r} is unknown; choose one of {', '.join(PRESETS)}"
+            )
+        preset = PRESETS[self.preset]
+        out = dataclasses.replace(self, data=list(self.data), model_options=dict(self.model_options))
+        for name, value in preset.items():
+            if name != "model" and getattr(out, name) is None:
+                setattr(out, name, value)
+        return out
+
+    def to_json(self) -> dict:
+        return dataclasses.asdict(self)
+
+    def differences(self, other: dict) -> list[str]:
+        """Names of the arguments (other than resume-only ones) whose values differ from `other`."""
+        mine = self.to_json()
+        names = (set(mine) | set(other)) - RESUME_FREE
+        return sorted(n for n in names if mine.get(n) != other.get(n))
+
+
+def config_fields_of(cls: type) -> set[str]:
+    """The fields a user may set on config class `cls` (its own and swapformer's shared ones)."""
+    return {
+        n for k in cls.__mro__ if k.__module__ == cls.__module__ for n in getattr(k, "__annotations__", {})
+    }
+
+
+def config_fields() -> set[str]:
+    """Every config field a user may set, over the three architectures."""
+    return set().union(*(config_fields_of(cls) for cls in CONFIG_CLASSES.values()))
+
+
+def parse_option(text: str) -> tuple[str, object]:
+    """`field=value` -> (field, value); the value is read as JSON (numbers, true/false, null, lists),
+    else kept as a string."""
+    name, sep, raw = text.partition("=")
+    if not sep or not name:
+        raise TrainArgumentError(f"--set expects field=value, got {text!r}")
+    try:
+        value = json.loads(raw)
+    except json.JSONDecodeError:
+        value = {"True": True, "False": False, "None": None}.get(raw, raw)
+    return name.strip(), value
+
+
+def model_options(args: TrainArgs) -> dict:
+    """The config fields of this run: model defaults, preset, --config file, then --set, in that order."""
+    options = dict(MODEL_DEFAULTS)
+    options.update(PRESETS[args.preset]["model"])
+    if args.config is not None:
+        if not os.path.isfile(args.config):
+            raise TrainArgumentError(f"--config {args.config!r}: no such file")
+        try:
+            with open(args.config) as f:
+                loaded = json.load(f)
+        except json.JSONDecodeError as e:
+            raise TrainArgumentError(f"--config {args.config!r} is not valid JSON: {e}") from e
+        if not isinstance(loaded, dict):
+            raise TrainArgumentError(f"--config {args.config!r} must hold a JSON object of config fields")
+        # a config.json written by save_pretrained carries bookkeeping keys: keep only config fields
+        known = config_fields()
+        options.update({k: v for k, v in loaded.items() if k in known})
+    options.update(args.model_options)
+    return options
+
+
+def validate(args: TrainArgs) -> None:
+    """Check everything that can be checked without data or a model; raise TrainArgumentError naming
+    the flag."""
+    if args.arch not in ARCHS:
+        raise TrainArgumentError(f"--arch {args.arch!r} is unknown; choose one of {', '.join(ARCHS)}")
+    try:
+        check_backend_name(args.attn)
+    except ValueError as e:
+        raise TrainArgumentError(f"--attn: {e}") from e
+    positive = (
+        "seq_len",
+        "batch_size",
+        "grad_accum",
+        "max_steps",
+        "save_every",
+        "eval_every",
+        "keep_checkpoints",
+    )
+    for name in positive:
+        value = getattr(args, name)
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise TrainArgumentError(f"{flag(name)} must be a positive integer, got {value!r}")
+    for name in ("lr", "adam_eps", "max_grad_norm"):
+        if not getattr(args, name) > 0:
+            raise TrainArgumentError(f"{flag(name)} must be > 0, got {getattr(args, name)!r}")
+    for name, low, high in (
+        ("weight_decay", 0.0, 1.0),
+        ("min_lr_ratio", 0.0, 1.0),
+        ("adam_beta1", 0.0, 1.0),
+        ("adam_beta2", 0.0, 1.0),
+        ("val_fraction", 0.0, 1.0),
+        ("mlm_probability", 0.0, 1.0),
+        ("noise_density", 0.0, 1.0),
+    ):
+        value = getattr(args, name)
+        if not low <= value < high or (
+            name in ("val_fraction", "mlm_probability", "noise_density") and value == 0
+        ):
+            raise TrainArgumentError(f"{flag(name)} must lie in ({low}, {high}), got {value!r}")
+    if args.mean_span_length < 1:
+        raise TrainArgumentError(f"--mean-span-length must be >= 1, got {args.mean_span_length}")
+    if args.warmup_steps < 0 or args.warmup_steps >= args.max_steps:
+        raise TrainArgumentError(
+            f"--warmup-steps must lie in [0, --max-steps={args.max_steps}), got {args.warmup_steps}"
+        )
+    for name in ("max_train_chars", "max_val_chars"):
+        if getattr(args, name) < 0:
+            raise TrainArgumentError(f"{flag(name)} must be >= 0 (0: no limit), got {getattr(args, name)}")
+    if args.mixed_precision not in MIXED_PRECISION:
+        raise TrainArgumentError(
+            f"--mixed-precision {args.mixed_precision!r} is unknown; choose one of {', '.join(MIXED_PRECISION)}"
+        )
+    if args.stop_after is not None and args.stop_after < 1:
+        raise TrainArgumentError(f"--stop-after must be >= 1, got {args.stop_after}")
+    if args.vocab_size is not None and args.tokenizer is None and args.vocab_size < 512:
+        raise TrainArgumentError(
+            f"--vocab-size must be >= 512 (256 bytes + special tokens), got {args.vocab_size}"
+        )
+    for path in args.data:
+        if not os.path.exists(path):
+            raise TrainArgumentError(f"--data {path!r}: no such file or folder")
+    if args.tokenizer is not None and not os.path.isdir(args.tokenizer):
+        raise TrainArgumentError(f"--tokenizer {args.tokenizer!r}: no such folder (a saved tokenizer)")
+    known = config_fields()
+    own = config_fields_of(CONFIG_CLASSES[args.arch])
+    for name in args.model_options:
+        if name not in known:
+            raise TrainArgumentError(f"--set {name}=...: {name!r} is not a config field")
+        if name not in own:
+            raise TrainArgumentError(f"--set {name}=...: {name!r} is not a field of --arch {args.arch}")
+        if name == "vocab_size":
+            raise TrainArgumentError(
+                "--set vocab_size=...: the vocabulary comes from the tokenizer; use --vocab-size"
+            )
+
+
+def flag(name: str) -> str:
+    return "--" + name.replace("_", "-")

@@ -1,0 +1,182 @@
+"""The corpus, its deterministic train/validation split, and the order in which blocks are read.
+
+Documents come from (in order of precedence) `--data` text files, folders of them, or `datasets`
+datasets saved with `save_to_disk`; with no `--data`, from the Python standard library that runs
+swapformer (its `.py` sources, docstrings included; test suites and site-packages left out), which
+exists on every machine without a download.
+
+Determinism, which `--resume` and the multi-process run rely on:
+- documents are listed in sorted path order, and each goes to validation or training by a hash of
+  its name, so the split does not depend on the file system's order or on which files exist;
+- tokens are packed into blocks of `seq_len` (documents joined by `</s>`);
+- the block read at global position p (step * global batch + row) is a pure function of
+  (seed, p): a fresh permutation per epoch. Resuming at step s therefore needs only s.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import pathlib
+import sys
+import sysconfig
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from .args import TrainArgumentError
+
+TEXT_SUFFIXES = (".txt", ".md", ".rst", ".py", ".json", ".jsonl", ".csv", ".html", ".xml", ".tex")
+STDLIB_SKIP = {"site-packages", "dist-packages", "test", "tests", "idle_test", "__pycache__"}
+
+
+@dataclass
+class Document:
+    name: str  # a stable identifier: path relative to its root, or dataset row
+    text: str
+
+
+def stdlib_documents() -> list[Document]:
+    """The `.py` files of the running Python's standard library, sorted by relative path."""
+    root = pathlib.Path(sysconfig.get_paths()["stdlib"])
+    docs = []
+    for path in sorted(root.rglob("*.py")):
+        rel = path.relative_to(root)
+        if STDLIB_SKIP & set(rel.parts[:-1]):
+            continue
+        try:
+            docs.append(Document(rel.as_posix(), path.read_text(encoding="utf-8")))
+        except (UnicodeDecodeError, OSError):
+            continue  # a few files are not UTF-8; skipping them is as deterministic as reading them
+    return docs
+
+
+def is_saved_dataset(path: str) -> bool:
+    return os.path.isdir(path) and (
+        os.path.isfile(os.path.join(path, "dataset_info.json"))
+        or os.path.isfile(os.path.join(path, "dataset_dict.json"))
+    )
+
+
+def dataset_documents(path: str, text_column: str) -> list[Document]:
+    """Rows of a `datasets` Dataset (or the `train` split of a DatasetDict) saved with save_to_disk."""
+    from datasets import DatasetDict, load_from_disk
+
+    ds = load_from_disk(path)
+    if isinstance(ds, DatasetDict):
+        if "train" not in ds:
+            raise TrainArgumentError(f"--data {path!r} is a DatasetDict without a 'train' split: {list(ds)}")
+        ds = ds["train"]
+    if text_column not in ds.column_names:
+        raise TrainArgumentError(
+            f"--text-column {text_column!r} is not a column of --data {path!r}; columns: {ds.column_names}"
+        )
+    name = os.path.basename(os.path.normpath(path))
+    return [Document(f"{name}/{i}", text) for i, text in enumerate(ds[text_column]) if text]
+
+
+def path_documents(path: str) -> list[Document]:
+    """A text file, or every text file under a folder (sorted, by suffix in TEXT_SUFFIXES)."""
+    if os.path.isfile(path):
+        files, root = [pathlib.Path(path)], pathlib.Path(path).parent
+    else:
+        root = pathlib.Path(path)
+        files = sorted(p for p in root.rglob("*") if p.is_file() and p.suffix.lower() in TEXT_SUFFIXES)
+        if not files:
+            raise TrainArgumentError(f"--data {path!r} holds no text files ({', '.join(TEXT_SUFFIXES)})")
+    docs = []
+    for f in files:
+        try:
+            text = f.read_text(encoding="utf-8")
+        except UnicodeDecodeError as e:
+            raise TrainArgumentError(f"--data file {str(f)!r} is not UTF-8 text: {e}") from e
+        if text:
+            docs.append(Document(f.relative_to(root).as_posix(), text))
+    return docs
+
+
+def load_documents(data: list[str], text_column: str) -> tuple[list[Document], str]:
+    """All documents of the run and a short name of the corpus (for the model card)."""
+    if not data:
+        version = f"{sys.version_info[0]}.{sys.version_info[1]}"
+        return stdlib_documents(), f"python-{version}-stdlib"
+    docs = []
+    for path in data:
+        docs += dataset_documents(path, text_column) if is_saved_dataset(path) else path_documents(path)
+    if not docs:
+        raise TrainArgumentError(f"--data {data} holds no text")
+    return docs, "+".join(os.path.basename(os.path.normpath(p)) for p in data)
+
+
+def split_documents(
+    docs: list[Document], val_fraction: float, max_train_chars: int, max_val_chars: int
+) -> tuple[list[Document], list[Document]]:
+    """Train and validation documents. A document is in validation when the hash of its name falls
+    under `val_fraction`; each side is then taken in hash order up to its character budget (0: all),
+    so a budget picks a spread-out sample rather than the first folders alphabetically."""
+
+    def rank(doc: Document) -> float:
+        return int.from_bytes(hashlib.sha1(doc.name.encode()).digest()[:8], "big") / 2**64
+
+    ranked = sorted(docs, key=lambda d: (rank(d), d.name))
+    val = [d for d in ranked if rank(d) < val_fraction]
+    train = [d for d in ranked if rank(d) >= val_fraction]
+    if not val and len(train) > 1:  # few documents: hold the last one out rather than have no validation
+        val = [train.pop()]
+    if not val:
+        raise TrainArgumentError("--data has a single document; give at least two so one can be held out")
+    return _budget(train, max_train_chars), _budget(val, max_val_chars)
+
+
+def _budget(docs: list[Document], max_chars: int) -> list[Document]:
+    if not max_chars:
+        return docs
+    out, total = [], 0
+    for d in docs:
+        if total >= max_chars:
+            break
+        text = d.text[: max_chars - total]
+        out.append(Document(d.name, text))
+        total += len(text)
+    return out
+
+
+def pack(tokenizer, docs: list[Document], seq_len: int) -> torch.Tensor:
+    """Token ids of the documents, each followed by `</s>`, cut into (N, seq_len) blocks."""
+    encoded = tokenizer([d.text for d in docs], add_special_tokens=False)["input_ids"]
+    eos = tokenizer.eos_token_id
+    stream = np.fromiter((t for ids in encoded for t in (*ids, eos)), dtype=np.int64)
+    n = len(stream) // seq_len
+    return torch.from_numpy(stream[: n * seq_len].copy()).view(n, seq_len)
+
+
+class BlockOrder:
+    """Which training block sits at each global position: epoch e reads a permutation drawn from
+    (seed, e), so any step's batch can be rebuilt from the step number alone."""
+
+    def __init__(self, num_blocks: int, seed: int):
+        self.num_blocks = num_blocks
+        self.seed = seed
+        self._perms: dict[int, torch.Tensor] = {}
+
+    def _perm(self, epoch: int) -> torch.Tensor:
+        if epoch not in self._perms:
+            g = torch.Generator().manual_seed(self.seed * 1_000_003 + epoch)
+            self._perms[epoch] = torch.randperm(self.num_blocks, generator=g)
+            if len(self._perms) > 2:  # a batch spans at most two epochs
+                self._perms.pop(min(self._perms))
+        return self._perms[epoch]
+
+    def indices(self, start: int, count: int) -> torch.Tensor:
+        """Block indices at global positions start, ..., start + count - 1."""
+        out = [self._perm(p // self.num_blocks)[p % self.num_blocks] for p in range(start, start + count)]
+        return torch.stack(out)
+
+    def epoch(self, position: int) -> float:
+        return position / self.num_blocks
+
+
+def fingerprint(blocks: torch.Tensor) -> str:
+    """A short hash of the token blocks: a resumed run refuses data that changed since the checkpoint."""
+    return hashlib.sha1(blocks.numpy().tobytes()).hexdigest()[:16]

@@ -1,0 +1,465 @@
+"""The training loop: one readable function over the HF model API, on Accelerate.
+
+One optimizer step reads one global batch of `batch_size x grad_accum x processes` blocks, rebuilt
+from the step number alone (data.BlockOrder, objectives seeded by step). Each process takes its rows,
+and every micro-batch loss is normalised by the labelled tokens of the whole global batch
+(`num_items_in_batch`), so gradient accumulation and data parallelism both give the gradient of one
+big batch: 1 process x 2 accumulation steps and 2 processes x 1 follow the same loss curve.
+
+A checkpoint (`accelerator.save_state`: weights, optimizer, scheduler, RNG states, plus
+trainer_state.json with the step and the metrics so far) is written every `save_every` steps under
+checkpoints/step_N, atomically (written to a temporary name, then renamed). `--resume` loads the
+latest and continues from its step: the same batches, the same random draws, the same losses.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import json
+import math
+import os
+import pathlib
+import shutil
+import time
+
+import torch
+
+from ..configuration import BACKENDS
+from ..modeling import DecoderForCausalLM, EncoderForMaskedLM, Seq2SeqForConditionalGeneration
+from . import data as data_mod
+from .args import CONFIG_CLASSES, TrainArgs, TrainArgumentError, model_options, validate
+from .evaluation import model_log_probs, perplexity, target_counts, unigram_log_probs
+from .objectives import SpanCorruption, make_objective
+from .report import hardware, plot_loss_curve, write_model_card
+from .tokenizer import load_tokenizer, train_tokenizer
+
+MODEL_CLASSES = {
+    "decoder": DecoderForCausalLM,
+    "encoder": EncoderForMaskedLM,
+    "encoder-decoder": Seq2SeqForConditionalGeneration,
+}
+RUN_FILE = "training_args.json"
+STATE_FILE = "trainer_state.json"
+
+
+class TrainingDiverged(RuntimeError):
+    """The loss or the gradient norm stopped being finite."""
+
+
+# Checks made before anything is read or built ------------------------------------------------------
+
+
+def check_run(args: TrainArgs) -> tuple[TrainArgs, dict]:
+    """Resolve the preset and validate the arguments and the model options; return (args, config
+    options). Raises TrainArgumentError naming the flag at fault."""
+    args = args.resolved()
+    validate(args)
+    options = model_options(args)
+    lengths = SpanCorruption.lengths_for(args) if args.arch == "encoder-decoder" else {"input": args.seq_len}
+    needed = max(lengths.values())
+    positions = options.setdefault("max_position_embeddings", needed)
+    if needed > positions:
+        detail = ", ".join(f"{k} {v}" for k, v in lengths.items())
+        raise TrainArgumentError(
+            f"--seq-len {args.seq_len} needs {needed} positions ({detail}) but the model has "
+            f"max_position_embeddings={positions}; lower --seq-len or raise max_position_embeddings (--set)"
+        )
+    try:  # build the model once on the meta device: checks every option, the backend and its package
+        config = CONFIG_CLASSES[args.arch](**options, vocab_size=args.vocab_size or 32000)
+        with torch.device("meta"):
+            MODEL_CLASSES[args.arch]._from_config(config, attn_implementation=args.attn)
+    except (TypeError, ValueError, ImportError) as e:
+        raise TrainArgumentError(f"model options (--config/--set/--attn): {e}") from e
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    if device not in BACKENDS[args.attn].backward:
+        trainable = [n for n, c in BACKENDS.items() if device in c.backward]
+        raise TrainArgumentError(
+            f"--attn {args.attn!r} has no backward pass on {device}, so it cannot train here; use one of "
+            f"{', '.join(map(repr, trainable))} (and switch backends after training with set_attn_implementation)"
+        )
+    return args, options
+
+
+def check_output_dir(args: TrainArgs) -> pathlib.Path | None:
+    """The checkpoint to resume from (None for a fresh run); refuses to overwrite a different run."""
+    out = pathlib.Path(args.output_dir)
+    run_file = out / RUN_FILE
+    if args.resume is not None:
+        if not run_file.is_file():
+            raise TrainArgumentError(
+                f"--resume: --output-dir {str(out)!r} holds no run ({RUN_FILE}) to resume"
+            )
+        differ = args.differences(json.loads(run_file.read_text()))
+        if differ:
+            raise TrainArgumentError(
+                f"--resume: these arguments differ from the run in {str(out)!r}: {', '.join(differ)}; "
+                "a resumed run must repeat them to continue exactly"
+            )
+        ckpt = latest_checkpoint(out) if args.resume == "latest" else pathlib.Path(args.resume)
+        if ckpt is None or not (ckpt / STATE_FILE).is_file():
+            raise TrainArgumentError(
+                f"--resume: no complete checkpoint {'under ' + str(out / 'checkpoints') if ckpt is None else str(ckpt)}; "
+                "start again with --overwrite"
+            )
+        return ckpt
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        if not run_file.is_file():
+            raise TrainArgumentError(
+                f"--output-dir {str(out)!r} exists and holds no swapformer run; choose a new or empty folder"
+            )
+        if not args.overwrite:
+            raise TrainArgumentError(
+                f"--output-dir {str(out)!r} already holds a run ({RUN_FILE}); pass --overwrite to replace it "
+                "or --resume to continue it"
+            )
+    return None
+
+
+def check_launch() -> None:
+    """`accelerate launch --num_processes N` on a machine without GPUs starts ONE process (its simple
+    launcher; only --multi_gpu makes it run torchrun), which would train silently with a global batch N
+    times smaller than asked. Its trace: MASTER_ADDR set (N > 1) but no WORLD_SIZE."""
+    launched = "ACCELERATE_MIXED_PRECISION" in os.environ and "MASTER_ADDR" in os.environ
+    if launched and "WORLD_SIZE" not in os.environ and "OMPI_COMM_WORLD_SIZE" not in os.environ:
+        raise TrainArgumentError(
+            "accelerate launch --num_processes started a single process: without GPUs, accelerate starts "
+            "several only with --multi_gpu (torchrun; swapformer then trains on CPU with gloo). Run "
+            "`accelerate launch --multi_gpu --num_processes N -m swapformer train ...`"
+        )
+
+
+def latest_checkpoint(out: pathlib.Path) -> pathlib.Path | None:
+    done = sorted(p for p in (out / "checkpoints").glob("step_*") if (p / STATE_FILE).is_file())
+    return done[-1] if done else None
+
+
+# The run ------------------------------------------------------------------------------------------
+
+
+def lr_lambda(args: TrainArgs):
+    """Linear warm-up to the peak, then cosine decay to `min_lr_ratio` x peak at `max_steps`."""
+
+    def factor(i: int) -> float:  # i: optimizer steps taken so far
+        if i < args.warmup_steps:
+            return (i + 1) / args.warmup_steps
+        progress = min(1.0, (i - args.warmup_steps) / max(1, args.max_steps - args.warmup_steps))
+        return args.min_lr_ratio + (1 - args.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
+
+    return factor
+
+
+def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
+    """Weight decay on matrices (linear weights, embeddings), none on norms and biases (1-D)."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    return [
+        {"params": [p for p in params if p.dim() >= 2], "weight_decay": weight_decay},
+        {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
+    ]
+
+
+def step_generator(seed: int, step: int) -> torch.Generator:
+    """The random stream of one step's objective (masks, spans), the same in every process."""
+    return torch.Generator().manual_seed(seed * 1_000_003 + 7919 * step + 1)
+
+
+def train(args: TrainArgs, *, step_hook=None) -> dict:
+    """Run `swapformer train`; returns the final metrics (or {"stopped_at": step} for --stop-after).
+
+    `step_hook(step, model)`, if given, runs after each optimizer step (tests use it to inject faults).
+    """
+    from accelerate import Accelerator
+    from accelerate.utils import set_seed
+
+    start_time = time.time()
+    args, options = check_run(args)
+    check_launch()
+    resume_from = check_output_dir(args)
+    out = pathlib.Path(args.output_dir)
+
+    tracker = "tensorboard" if importlib.util.find_spec("tensorboard") else None
+    accelerator = Accelerator(
+        mixed_precision=args.mixed_precision,
+        log_with=tracker,
+        project_dir=str(out),
+        # several processes without GPUs: accelerate only picks CPU data parallelism (gloo) when told
+        cpu=not torch.cuda.is_available() and int(os.environ.get("WORLD_SIZE", "1")) > 1,
+    )
+    main = accelerator.is_main_process
+    set_seed(args.seed)
+
+    # Output folder, tokenizer and data (every process derives the same data; the main one writes) ---
+    if main:
+        if resume_from is None and out.exists():
+            shutil.rmtree(out)  # check_output_dir allowed it: --overwrite of a swapformer run
+        out.mkdir(parents=True, exist_ok=True)
+    docs, corpus_name = data_mod.load_documents(args.data, args.text_column)
+    train_docs, val_docs = data_mod.split_documents(
+        docs, args.val_fraction, args.max_train_chars, args.max_val_chars
+    )
+    if main and resume_from is None:
+        if args.tokenizer is not None:
+            tokenizer = load_tokenizer(args.tokenizer, args.arch)
+        else:
+            tokenizer = train_tokenizer((d.text for d in train_docs), args.vocab_size)
+        tokenizer.save_pretrained(out)
+        (out / RUN_FILE).write_text(json.dumps(args.to_json(), indent=2) + "\n")
+    accelerator.wait_for_everyone()
+    tokenizer = load_tokenizer(str(out), args.arch)
+    train_blocks = data_mod.pack(tokenizer, train_docs, args.seq_len)
+    val_blocks = data_mod.pack(tokenizer, val_docs, args.seq_len)
+    for name, blocks, docs_ in (("training", train_blocks, train_docs), ("validation", val_blocks, val_docs)):
+        if len(blocks) == 0:
+            chars = sum(len(d.text) for d in docs_)
+            raise TrainArgumentError(
+                f"the {name} split ({len(docs_)} documents, {chars} characters) is shorter than one "
+                f"--seq-len {args.seq_len} block; give more --data, raise --max-train-chars/--max-val-chars "
+                "or lower --seq-len"
+            )
+    objective = make_objective(tokenizer, args)
+    order = data_mod.BlockOrder(len(train_blocks), args.seed)
+    val_generator = step_generator(args.seed, -1)
+    val_batches = [
+        objective(val_blocks[i : i + args.batch_size], val_generator)
+        for i in range(0, len(val_blocks), args.batch_size)
+    ]
+
+    # Model and optimizer ----------------------------------------------------------------------------
+    config = CONFIG_CLASSES[args.arch](
+        **options,
+        vocab_size=len(tokenizer),
+        pad_token_id=tokenizer.pad_token_id,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        **({"decoder_start_token_id": tokenizer.bos_token_id} if args.arch == "encoder-decoder" else {}),
+    )
+    torch.manual_seed(args.seed)
+    model = MODEL_CLASSES[args.arch]._from_config(config, attn_implementation=args.attn)
+    if args.gradient_checkpointing:
+        model.gradient_checkpointing_enable()
+    model.train()
+    optimizer = torch.optim.AdamW(
+        param_groups(model, args.weight_decay),
+        lr=args.lr,
+        betas=(args.adam_beta1, args.adam_beta2),
+        eps=args.adam_eps,
+    )
+    model, optimizer = accelerator.prepare(model, optimizer)
+    # Not prepared: a prepared scheduler steps once per process per optimizer step.
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(args))
+    accelerator.register_for_checkpointing(scheduler)
+
+    world, rank, micro = accelerator.num_processes, accelerator.process_index, args.batch_size
+    global_batch = micro * args.grad_accum * world
+    state = {
+        "step": 0,
+        "history": [],
+        "evals": [],
+        "train_seconds": 0.0,
+        "data": data_mod.fingerprint(train_blocks),
+    }
+    if resume_from is not None:
+        saved = json.loads((resume_from / STATE_FILE).read_text())
+        if saved["data"] != state["data"] or saved.get("global_batch") != global_batch:
+            raise TrainArgumentError(
+                f"--resume: the training data or the global batch changed since {resume_from} "
+                f"(data {saved['data']} -> {state['data']}, global batch {saved.get('global_batch')} -> {global_batch})"
+            )
+        accelerator.load_state(str(resume_from))
+        state = saved
+    state["global_batch"] = global_batch
+    metrics_file = out / "metrics.jsonl"
+    if main:  # the log holds exactly the steps the state knows (a resume drops the lost ones)
+        metrics_file.write_text("".join(json.dumps(r) + "\n" for r in _log_records(state)))
+    if tracker and main:
+        accelerator.init_trackers("runs", config={k: str(v) for k, v in args.to_json().items()})
+
+    from tqdm.auto import tqdm
+
+    bar = tqdm(
+        total=args.max_steps,
+        initial=state["step"],
+        desc="train",
+        unit="step",
+        disable=not (main and args.progress),
+        dynamic_ncols=True,
+    )
+    last_ckpt = resume_from
+    tokens_per_step = global_batch * args.seq_len
+    while state["step"] < args.max_steps:
+        step = state["step"] + 1
+        t0 = time.time()
+        indices = order.indices((step - 1) * global_batch, global_batch)
+        batch = objective(train_blocks[indices], step_generator(args.seed, step))
+        # DDP averages gradients over processes: each normalises by its share of the global count
+        items = objective.num_targets(batch) / world
+        loss_sum = torch.zeros((), device=accelerator.device)
+        for i in range(args.grad_accum):
+            rows = slice((i * world + rank) * micro, (i * world + rank + 1) * micro)
+            inputs = {k: v[rows].to(accelerator.device) for k, v in batch.items()}
+            sync = contextlib.nullcontext() if i == args.grad_accum - 1 else accelerator.no_sync(model)
+            with sync, accelerator.autocast():
+                loss = model(**inputs, num_items_in_batch=items).loss
+                accelerator.backward(loss)
+            loss_sum += loss.detach()
+        loss_value = float(accelerator.reduce(loss_sum, reduction="sum")) / world
+        grad_norm = float(accelerator.clip_grad_norm_(model.parameters(), args.max_grad_norm))
+        if not (math.isfinite(loss_value) and math.isfinite(grad_norm)):
+            bar.close()
+            raise TrainingDiverged(
+                f"training stopped at step {step}: the loss is {loss_value} and the gradient norm {grad_norm}; "
+                f"the weights were not updated. Last good checkpoint: {last_ckpt or 'none (no checkpoint yet)'}. "
+                "Lower --lr, raise --warmup-steps or use --mixed-precision no, then start again with "
+                "--overwrite (or --resume with the same arguments)"
+            )
+        lr = scheduler.get_last_lr()[0]
+        optimizer.step()
+        scheduler.step()
+        optimizer.zero_grad(set_to_none=True)
+        dt = time.time() - t0
+        state["train_seconds"] += dt
+        record = {
+            "step": step,
+            "loss": loss_value,
+            "lr": lr,
+            "grad_norm": grad_norm,
+            "tokens": step * tokens_per_step,
+            "tokens_per_s": tokens_per_step / dt,
+            "epoch": order.epoch(step * global_batch),
+            "train_seconds": state["train_seconds"],
+        }
+        state["step"] = step
+        state["history"].append(record)
+        if step_hook is not None:
+            step_hook(step, model)
+        if step % args.eval_every == 0 and step < args.max_steps:
+            _log(
+                accelerator, metrics_file, _evaluate(accelerator, model, val_batches, objective, state, step)
+            )
+        _log(accelerator, metrics_file, record)
+        bar.set_postfix(loss=f"{loss_value:.4f}", tok_s=f"{record['tokens_per_s']:,.0f}")
+        bar.update(1)
+        if step % args.save_every == 0 or step == args.max_steps:
+            last_ckpt = _save_checkpoint(accelerator, out, state, args.keep_checkpoints)
+        if args.stop_after is not None and step >= args.stop_after and step < args.max_steps:
+            bar.close()
+            return {"stopped_at": step}
+    bar.close()
+
+    # Final evaluation and the Hub-ready folder ------------------------------------------------------
+    final_eval = _evaluate(accelerator, model, val_batches, objective, state, state["step"])
+    unwrapped = accelerator.unwrap_model(model)
+    metrics = {}
+    if main:
+        counts = target_counts(train_blocks, objective, len(tokenizer), step_generator(args.seed, -2))
+        baseline = perplexity(unigram_log_probs(counts, val_batches, objective.shift))
+        _log(accelerator, metrics_file, final_eval)
+        metrics = {
+            "val_perplexity": final_eval["val_perplexity"],
+            "val_loss": final_eval["val_loss"],
+            "unigram_perplexity": baseline["perplexity"],
+            "val_tokens": final_eval["val_tokens"],
+            "final_train_loss": state["history"][-1]["loss"],
+            "steps": state["step"],
+            "tokens_seen": state["step"] * tokens_per_step,
+            "epochs": order.epoch(state["step"] * global_batch),
+            "global_batch": global_batch,
+            "num_processes": world,
+            "num_parameters": sum(p.numel() for p in unwrapped.parameters()),
+            "train_blocks": len(train_blocks),
+            "val_blocks": len(val_blocks),
+            "train_seconds": state["train_seconds"],
+            "total_seconds": time.time() - start_time,
+            "hardware": hardware(),
+            "corpus": corpus_name,
+        }
+        unwrapped.save_pretrained(out, safe_serialization=True)
+        tokenizer.save_pretrained(out)
+        (out / "metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
+        plot_loss_curve(state["history"], state["evals"], str(out / "loss_curve.png"))
+        corpus_text = _corpus_text(args, corpus_name, train_docs, val_docs, train_blocks, val_blocks)
+        write_model_card(
+            str(out / "README.md"),
+            args=args,
+            model=unwrapped,
+            metrics=metrics,
+            corpus_name=corpus_name,
+            corpus_text=corpus_text,
+        )
+    accelerator.wait_for_everyone()
+    if tracker:
+        accelerator.end_training()
+    return metrics
+
+
+def _log_records(state: dict) -> list[dict]:
+    """Step records and evaluation records, in step order (an evaluation before its step's record)."""
+    evals = {e["step"]: e for e in state["evals"]}
+    out = []
+    for record in state["history"]:
+        if record["step"] in evals:
+            out.append(evals[record["step"]])
+        out.append(record)
+    return out
+
+
+def _log(accelerator, path: pathlib.Path, record: dict) -> None:
+    """Append `record` to metrics.jsonl (and the tracker); the main process writes."""
+    if not accelerator.is_main_process:
+        return
+    with open(path, "a") as f:
+        f.write(json.dumps(record) + "\n")
+    accelerator.log({k: v for k, v in record.items() if k != "step"}, step=record["step"])
+
+
+def _evaluate(accelerator, model, val_batches, objective, state: dict, step: int) -> dict:
+    """Validation loss and perplexity, computed by the main process (the others wait)."""
+    record = {}
+    if accelerator.is_main_process:
+        rows = model_log_probs(accelerator.unwrap_model(model), val_batches, objective.shift)
+        result = perplexity(rows)
+        record = {
+            "step": step,
+            "val_loss": result["nll"],
+            "val_perplexity": result["perplexity"],
+            "val_tokens": result["num_tokens"],
+        }
+        state["evals"].append(record)
+    accelerator.wait_for_everyone()
+    return record
+
+
+def _save_checkpoint(accelerator, out: pathlib.Path, state: dict, keep: int) -> pathlib.Path:
+    """accelerate's state plus trainer_state.json, under checkpoints/step_N (renamed into place when
+    complete, so a kill mid-save leaves the previous checkpoint the latest)."""
+    final = out / "checkpoints" / f"step_{state['step']:07d}"
+    tmp = final.with_name(final.name + ".tmp")
+    if accelerator.is_main_process and tmp.exists():
+        shutil.rmtree(tmp)
+    accelerator.wait_for_everyone()
+    accelerator.save_state(str(tmp))
+    if accelerator.is_main_process:
+        (tmp / STATE_FILE).write_text(json.dumps(state) + "\n")
+        if final.exists():
+            shutil.rmtree(final)
+        os.replace(tmp, final)
+        done = sorted(p for p in final.parent.glob("step_*") if not p.name.endswith(".tmp"))
+        for old in done[:-keep]:
+            shutil.rmtree(old)
+    accelerator.wait_for_everyone()
+    return final
+
+
+def _corpus_text(args, corpus_name, train_docs, val_docs, train_blocks, val_blocks) -> str:
+    source = (
+        "the Python standard library that ran the training (its `.py` files, docstrings included; test "
+        "suites and site-packages left out)"
+        if not args.data
+        else f"`{', '.join(args.data)}`"
+    )
+    return (
+        f"`{corpus_name}`: {source}. Documents go to validation by a hash of their name "
+        f"(fraction {args.val_fraction}), so the split is deterministic. Training: {len(train_docs)} documents, "
+        f"{train_blocks.numel():,} tokens; validation: {len(val_docs)} documents, {val_blocks.numel():,} tokens "
+        f"(blocks of {args.seq_len} tokens, documents joined by `</s>`)."
+    )
