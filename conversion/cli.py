@@ -41,8 +41,11 @@ def add_subcommand(subparsers) -> None:
 def _run(args: argparse.Namespace) -> int:
     import sys
 
-    from .checkpoint import ConversionError, convert
+    from transformers.utils import logging
 
+    from .checkpoint import convert
+
+    logging.disable_progress_bar()  # the loading bars of four loads would bury the measured diffs
     try:
         convert(
             args.src,
@@ -52,7 +55,7 @@ def _run(args: argparse.Namespace) -> int:
             allow_unpickling=args.allow_unpickling,
             tolerance=args.tolerance,
         )
-    except ConversionError as e:
+    except (ValueError, OSError) as e:  # ConversionError is a ValueError; so are config errors
         print(f"swapformer convert: error: {e}", file=sys.stderr)
         return 1
     return 0

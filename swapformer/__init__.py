@@ -14,6 +14,7 @@ from .configuration import (
     SwapformerConfig,
     capability_table_markdown,
 )
+from .conversion import convert
 from .modeling import (
     DecoderForCausalLM,
     DecoderForSequenceClassification,
@@ -36,6 +37,7 @@ __all__ = [
     "BACKENDS",
     "PER_LAYER_BACKEND",
     "capability_table_markdown",
+    "convert",
     "SwapformerConfig",
     "EncoderConfig",
     "DecoderConfig",

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 from pathlib import Path
 
 import pytest
@@ -164,12 +165,37 @@ def test_family_details_are_configured(tmp_path):
         )
         assert cfg.mlp_type == ("gated" if ffp.startswith("gated") else "mlp")
 
+    # the window convention is exercised: one more key per query and the outputs move
+    reference = T.MistralForCausalLM.from_pretrained(tmp_path / "mistral").eval()
+    off_by_one = T.AutoModelForCausalLM.from_pretrained(tmp_path / "m", sliding_window=6).eval()
+    diffs, _ = convert_module.compare(reference, off_by_one, off_by_one.config, pad_token_id=None)
+    assert diffs["logits"] > 1e-2
+
     src = save_source(T.RobertaModel, roberta_config(), tmp_path / "roberta")
     convert(src, tmp_path / "r", log=lambda line: None)
     aside = load_file(tmp_path / "r" / "unused_source_weights.safetensors")
     assert set(aside) == {"embed_positions.leading_rows", "pooler.dense.weight", "pooler.dense.bias"}
     assert aside["embed_positions.leading_rows"].shape[0] == 2  # padding_idx + 1
     assert swapformer.EncoderConfig.from_pretrained(tmp_path / "r").max_position_embeddings == 40
+
+
+def test_half_precision_sharded_checkpoint(tmp_path):
+    """fp16 weights stay fp16 (bit for bit both ways; verification runs in fp32); shards are read."""
+    torch.manual_seed(0)
+    model = T.GPT2LMHeadModel(gpt2_config()).eval()
+    scramble_(model, 0)
+    model.half().save_pretrained(tmp_path / "src", max_shard_size="40KB")
+    assert (tmp_path / "src" / "model.safetensors.index.json").exists()
+    convert(tmp_path / "src", tmp_path / "ours", log=lambda line: None)
+    assert swapformer.DecoderForCausalLM.from_pretrained(tmp_path / "ours").dtype == torch.float16
+    convert(tmp_path / "ours", tmp_path / "back", to_hf=True, log=lambda line: None)
+    original = T.GPT2LMHeadModel.from_pretrained(tmp_path / "src").state_dict()
+    returned = T.GPT2LMHeadModel.from_pretrained(tmp_path / "back").state_dict()
+    assert all(v.dtype == torch.float16 and torch.equal(v, returned[k]) for k, v in original.items())
+
+    shard = sorted((tmp_path / "src").glob("model-*.safetensors"))[1]
+    shard.write_bytes(shard.read_bytes()[:-10])
+    refused(tmp_path / "src", tmp_path / "out", f"{shard.name} is truncated")
 
 
 def test_generation_config_and_tokenizer_travel(tmp_path):
@@ -296,17 +322,34 @@ def test_unmapped_source_key_is_refused_before_writing(tmp_path, monkeypatch):
     assert not (tmp_path / "out").exists()
 
 
-def test_reverse_needs_the_unused_weights_file(tmp_path):
+def test_reverse_after_save_pretrained_needs_the_unused_weights_file(tmp_path):
+    """A converted model loaded and saved again (as after fine-tuning) still goes back: config.json
+    records the family; the tensors set aside have to be copied along."""
     src = save_source(T.BertModel, bert_config(), tmp_path / "src")
     convert(src, tmp_path / "ours", log=lambda line: None)
-    (tmp_path / "ours" / "unused_source_weights.safetensors").unlink()
+    T.AutoModel.from_pretrained(tmp_path / "ours").save_pretrained(tmp_path / "tuned")
     refused(
-        tmp_path / "ours",
+        tmp_path / "tuned",
         tmp_path / "back",
         "missing: aside.pooler.dense.bias.*copy that file into",
         to_hf=True,
     )
-    refused(src, tmp_path / "back", "has model_type='bert'; drop --to-hf", to_hf=True)
+    shutil.copy2(tmp_path / "ours" / "unused_source_weights.safetensors", tmp_path / "tuned")
+    convert(tmp_path / "tuned", tmp_path / "back", to_hf=True, log=lambda line: None)
+    original, returned = hf_state(T.BertModel, src), hf_state(T.BertModel, tmp_path / "back")
+    assert all(torch.equal(v, returned[k]) for k, v in original.items())
+    refused(src, tmp_path / "again", "has model_type='bert'; drop --to-hf", to_hf=True)
+
+
+def test_no_architectures_converts_the_base_model(tmp_path):
+    src = save_source(T.LlamaForCausalLM, llama_config(), tmp_path / "src")
+    config = json.loads((src / "config.json").read_text())
+    del config["architectures"]
+    (src / "config.json").write_text(json.dumps(config))
+    lines = []
+    with pytest.raises(ConversionError, match="did not match its weights to the model"):
+        convert(src, tmp_path / "out", log=lines.append)  # LlamaModel cannot hold lm_head
+    assert "config.json names no architecture; converting the base model LlamaModel" in lines
 
 
 def test_negative_control_a_corrupted_weight_fails_verification(tmp_path, monkeypatch):
