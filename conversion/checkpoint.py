@@ -71,7 +71,9 @@ class ConversionReport:
 
     @property
     def max_diff(self) -> float:
-        return max(self.diffs.values(), default=0.0)
+        """The largest diff; NaN if any is NaN (Python's max would skip it depending on order)."""
+        values = list(self.diffs.values())
+        return float("nan") if any(v != v for v in values) else max(values, default=0.0)
 
 
 # Checks on the input, made before anything is loaded --------------------------------------------
@@ -209,6 +211,8 @@ def _batch(config, pad_token_id: int | None, seq2seq: bool, length: int = 24):
     window = config.sliding_window
     if window is not None and window <= 64:
         length = max(length, window + 8)  # the window must cut something
+    if pad_token_id is not None and not 0 <= pad_token_id < config.vocab_size:
+        pad_token_id = None  # e.g. GPT-2 configs naming id 50256 in a smaller vocabulary
     g = torch.Generator().manual_seed(0)
     high = config.vocab_size - (pad_token_id is not None)
 

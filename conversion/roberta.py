@@ -1,5 +1,11 @@
 """RoBERTa (`RobertaModel` and heads) -> swapformer `EncoderModel` and heads: BERT's layers; positions
-counted from padding_idx + 1 (the rows before it are set aside), one token type."""
+counted from padding_idx + 1 (the rows before it are set aside), one token type.
+
+transformers' RoBERTa counts positions over tokens that are not `pad_token_id`; swapformer counts them
+over `attention_mask`, so the converted model needs the attention mask whenever a batch is padded
+(the tokenizer returns it). Its LM head applies `hidden_act` where RoBERTa's always uses GELU: a
+checkpoint with another activation fails verification instead of converting wrongly.
+"""
 
 from __future__ import annotations
 

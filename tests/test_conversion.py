@@ -367,6 +367,10 @@ def test_negative_control_a_corrupted_weight_fails_verification(tmp_path, monkey
     with pytest.raises(VerificationError, match=r"max abs diff .* > tolerance 0.0001.*nothing was written"):
         convert(src, tmp_path / "out", log=lambda line: None)
     assert sorted(os.listdir(tmp_path)) == ["src"]
+    nan_report = convert_module.ConversionReport(
+        "a", "b", "llama", "X", "Y", {"hidden states": 0.0, "logits": float("nan")}
+    )
+    assert nan_report.max_diff != nan_report.max_diff  # a NaN output is never "within tolerance"
     (tmp_path / "out").mkdir()
     (tmp_path / "out" / "keep.txt").write_text("mine")
     with pytest.raises(VerificationError):
@@ -390,6 +394,7 @@ def minilm_folder() -> Path:
     return Path(os.path.dirname(gt.__file__)) / "model"
 
 
+@pytest.mark.slow
 def test_minilm_checkpoint_converts_exactly(tmp_path, report):
     src = minilm_folder()
     out = tmp_path / "minilm"
