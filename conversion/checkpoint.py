@@ -142,7 +142,9 @@ def _check_paths(src: Path, out: Path, overwrite: bool) -> None:
             f"No config.json in {src}: point SRC at a Hugging Face model folder (config.json plus weights)"
         )
     if out.resolve() == src.resolve() or src.resolve() in out.resolve().parents:
-        raise ConversionError(f"The output {out} is (inside) the source {src}; choose a folder outside it")
+        raise ConversionError(
+            f"The output {out} is the source folder {src} or inside it; choose an output folder outside the source"
+        )
     if out.exists() and not out.is_dir():
         raise ConversionError(f"The output {out} exists and is a file; choose a folder path")
     if out.is_dir() and any(out.iterdir()) and not overwrite:
@@ -282,14 +284,19 @@ def _copy_side_files(src: Path, dst: Path) -> None:
             shutil.copy2(src / name, dst / name)
 
 
-def _card(report: ConversionReport, direction: str) -> str:
+def _card(report: ConversionReport, direction: str, tolerance: float) -> str:
     diffs = "\n".join(f"| {k} | {v:.3e} |" for k, v in report.diffs.items())
-    load = (
-        f"import swapformer  # registers the classes (or pass trust_remote_code=True without it)\n"
-        f'from transformers import AutoModel\nmodel = AutoModel.from_pretrained("{Path(report.output).name}")'
-        if direction == "to swapformer"
-        else f'from transformers import {report.target_class}\nmodel = {report.target_class}.from_pretrained("{Path(report.output).name}")'
-    )
+    name = Path(report.output).name
+    if direction == "to swapformer":
+        from .. import modeling
+
+        auto = _auto_class(getattr(modeling, report.target_class)).__name__
+        load = (
+            "import swapformer  # registers the classes (or pass trust_remote_code=True without it)\n"
+            f'from transformers import {auto}\nmodel = {auto}.from_pretrained("{name}")'
+        )
+    else:
+        load = f'from transformers import {report.target_class}\nmodel = {report.target_class}.from_pretrained("{name}")'
     return f"""---
 library_name: transformers
 tags: [swapformer, converted]
@@ -301,7 +308,7 @@ tags: [swapformer, converted]
 `{report.target_class}` by `swapformer convert`. The weights are the source's, renamed and reshaped only.
 
 Verified after writing: both folders loaded again and run in fp32 on one batch of two sequences of
-{report.tokens} tokens, the second right-padded; max abs diff on real tokens (tolerance {TOLERANCE:g}):
+{report.tokens} tokens, the second right-padded; max abs diff on real tokens (tolerance {tolerance:g}):
 
 | output | max abs diff |
 |---|---|
@@ -313,8 +320,8 @@ Verified after writing: both folders loaded again and run in fp32 on one batch o
 """
 
 
-def _finish(tmp: Path, out: Path, report: ConversionReport, direction: str) -> None:
-    (tmp / "README.md").write_text(_card(report, direction))
+def _finish(tmp: Path, out: Path, report: ConversionReport, direction: str, tolerance: float) -> None:
+    (tmp / "README.md").write_text(_card(report, direction, tolerance))
     if out.exists():
         shutil.rmtree(out)
     os.replace(tmp, out)
@@ -383,7 +390,7 @@ def convert(
                 f"Verification failed: max abs diff {report.max_diff:.3e} > tolerance {tolerance:g} "
                 f"({report.source_class} against {report.target_class}: {report.diffs}); nothing was written to {out}"
             )
-        _finish(tmp, out, report, "back to transformers" if to_hf else "to swapformer")
+        _finish(tmp, out, report, "back to transformers" if to_hf else "to swapformer", tolerance)
     finally:
         if tmp.exists():
             shutil.rmtree(tmp)
