@@ -30,6 +30,7 @@ from .rules import (
     convert_state_dict,
     expected_target_keys,
     invert_state_dict,
+    key_listing,
     untied_state_dict,
 )
 
@@ -178,11 +179,25 @@ def _load(cls, folder: Path, *, use_safetensors: bool = True, dtype="auto"):
     model, info = cls.from_pretrained(
         folder, dtype=dtype, use_safetensors=use_safetensors, output_loading_info=True
     )
-    problems = {k: sorted(v) for k, v in info.items() if k != "error_msgs" and v}
+    problems = []
+    if info["missing_keys"]:
+        problems.append(
+            f"weights {cls.__name__} needs that the checkpoint lacks: {key_listing(info['missing_keys'])}"
+        )
+    if info["unexpected_keys"]:
+        problems.append(
+            f"weights in the checkpoint that {cls.__name__} does not use: {key_listing(info['unexpected_keys'])}"
+        )
+    if info["mismatched_keys"]:
+        problems.append(
+            f"weights whose shapes disagree with the config: {key_listing(k for k, *_ in info['mismatched_keys'])}"
+        )
     if problems:
         raise ConversionError(
-            f"Loading {folder} as {cls.__name__} did not match its weights to the model: {problems}; the "
-            "checkpoint does not hold the class its config.json names in `architectures`"
+            f"Loading {folder} as {cls.__name__} (from `architectures` in config.json) would "
+            f"{'initialise or drop' if info['missing_keys'] else 'drop'} weights: {'; '.join(problems)}. "
+            "Conversion carries every weight or none: load the checkpoint in transformers with the class whose "
+            "weights you want, save_pretrained it, and convert that folder"
         )
     return model.eval()
 

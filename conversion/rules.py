@@ -130,7 +130,7 @@ class ConversionError(ValueError):
     """A checkpoint that cannot be converted completely; the message lists the keys."""
 
 
-def _listing(keys: Iterable[str], limit: int = 20) -> str:
+def key_listing(keys: Iterable[str], limit: int = 20) -> str:
     keys = sorted(keys)
     shown = ", ".join(keys[:limit])
     return shown + (f", ... ({len(keys) - limit} more)" if len(keys) > limit else "")
@@ -172,13 +172,13 @@ def convert_state_dict(
             out[target] = piece
     problems = []
     if unmapped:
-        problems.append(f"source keys no rule maps: {_listing(unmapped)}")
+        problems.append(f"source keys no rule maps: {key_listing(unmapped)}")
     if duplicated:
-        problems.append(f"target keys produced twice: {_listing(duplicated)}")
+        problems.append(f"target keys produced twice: {key_listing(duplicated)}")
     if missing := expected - out.keys():
-        problems.append(f"target keys no source key fills: {_listing(missing)}")
+        problems.append(f"target keys no source key fills: {key_listing(missing)}")
     if unexpected := {k for k in out.keys() - expected if not k.startswith(ASIDE)}:
-        problems.append(f"target keys the model does not have: {_listing(unexpected)}")
+        problems.append(f"target keys the model does not have: {key_listing(unexpected)}")
     if problems:
         raise ConversionError("Conversion refused; " + "; ".join(problems))
     return out
@@ -253,11 +253,11 @@ def invert_state_dict(
             del out[copy_key]
     problems = []
     if unmapped:
-        problems.append(f"source keys no rule maps: {_listing(unmapped)}")
+        problems.append(f"source keys no rule maps: {key_listing(unmapped)}")
     if missing:
-        problems.append(f"converted keys that are missing: {_listing(missing)}")
+        problems.append(f"converted keys that are missing: {key_listing(missing)}")
     if unused := state_dict.keys() - {t for targets in origin.values() for t in targets}:
-        problems.append(f"converted keys no source key takes: {_listing(unused)}")
+        problems.append(f"converted keys no source key takes: {key_listing(unused)}")
     if problems:
         raise ConversionError("Reverse conversion refused; " + "; ".join(problems))
     return out

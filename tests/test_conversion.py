@@ -348,7 +348,7 @@ def test_no_architectures_converts_the_base_model(tmp_path):
     del config["architectures"]
     (src / "config.json").write_text(json.dumps(config))
     lines = []
-    with pytest.raises(ConversionError, match="did not match its weights to the model"):
+    with pytest.raises(ConversionError, match="LlamaModel does not use: lm_head.weight.*save_pretrained it"):
         convert(src, tmp_path / "out", log=lines.append)  # LlamaModel cannot hold lm_head
     assert "config.json names no architecture; converting the base model LlamaModel" in lines
 
