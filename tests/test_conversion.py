@@ -165,6 +165,13 @@ def test_family_details_are_configured(tmp_path):
             1.0,
         )
         assert cfg.mlp_type == ("gated" if ffp.startswith("gated") else "mlp")
+    # scale_decoder_outputs is what makes T5 v1.0's logits right
+    reference = T.T5ForConditionalGeneration.from_pretrained(tmp_path / "relu").eval()
+    unscaled = T.AutoModelForSeq2SeqLM.from_pretrained(
+        tmp_path / "relu-out", scale_decoder_outputs=False
+    ).eval()
+    diffs, _ = convert_module.compare(reference, unscaled, unscaled.config, pad_token_id=0)
+    assert diffs["decoder hidden states"] == 0.0 and diffs["logits"] > 1e-2
 
     # the window convention is exercised: one more key per query and the outputs move
     reference = T.MistralForCausalLM.from_pretrained(tmp_path / "mistral").eval()
