@@ -235,6 +235,7 @@ def train(args: TrainArgs, *, step_hook=None) -> dict:
     )
     torch.manual_seed(args.seed)
     model = MODEL_CLASSES[args.arch]._from_config(config, attn_implementation=args.attn)
+    num_parameters = sum(p.numel() for p in model.parameters())
     if args.gradient_checkpointing:
         model.gradient_checkpointing_enable()
     model.train()
@@ -349,6 +350,7 @@ def train(args: TrainArgs, *, step_hook=None) -> dict:
     # Final evaluation and the Hub-ready folder ------------------------------------------------------
     final_eval = _evaluate(accelerator, model, val_batches, objective, state, state["step"])
     unwrapped = accelerator.unwrap_model(model)
+    weights = accelerator.get_state_dict(model)  # whole tensors, also under FSDP (collective: all processes)
     metrics = {}
     if main:
         counts = target_counts(train_blocks, objective, len(tokenizer), step_generator(args.seed, -2))
@@ -365,7 +367,7 @@ def train(args: TrainArgs, *, step_hook=None) -> dict:
             "epochs": order.epoch(state["step"] * global_batch),
             "global_batch": global_batch,
             "num_processes": world,
-            "num_parameters": sum(p.numel() for p in unwrapped.parameters()),
+            "num_parameters": num_parameters,
             "train_blocks": len(train_blocks),
             "val_blocks": len(val_blocks),
             "train_seconds": state["train_seconds"],
@@ -373,7 +375,7 @@ def train(args: TrainArgs, *, step_hook=None) -> dict:
             "hardware": hardware(),
             "corpus": corpus_name,
         }
-        unwrapped.save_pretrained(out, safe_serialization=True)
+        unwrapped.save_pretrained(out, state_dict=weights, safe_serialization=True)
         tokenizer.save_pretrained(out)
         (out / "metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
         plot_loss_curve(state["history"], state["evals"], str(out / "loss_curve.png"))
@@ -413,11 +415,25 @@ def _log(accelerator, path: pathlib.Path, record: dict) -> None:
 
 
 def _evaluate(accelerator, model, val_batches, objective, state: dict, step: int) -> dict:
-    """Validation loss and perplexity, computed by the main process (the others wait)."""
+    """Validation loss and perplexity. Every process scores its share of the batches with the wrapped
+    model (each runs the same number of forwards, which FSDP needs; the last share is padded with
+    batch 0), and the main process computes the metric over all rows in batch order."""
+    from accelerate.utils import gather_object
+
+    world, rank = accelerator.num_processes, accelerator.process_index
+    per_process = -(-len(val_batches) // world)
+    mine = list(range(rank, len(val_batches), world))
+    padded = mine + [0] * (per_process - len(mine))
+    rows = model_log_probs(model, [val_batches[i] for i in padded], objective.shift)
+    per_batch = [len(val_batches[i]["labels"]) for i in padded]
+    scored = []  # (batch index, rows of that batch), padding dropped
+    for k, i in enumerate(mine):
+        start = sum(per_batch[:k])
+        scored.append((i, rows[start : start + per_batch[k]]))
+    scored = gather_object(scored) if world > 1 else scored
     record = {}
     if accelerator.is_main_process:
-        rows = model_log_probs(accelerator.unwrap_model(model), val_batches, objective.shift)
-        result = perplexity(rows)
+        result = perplexity([row for _, batch_rows in sorted(scored) for row in batch_rows])
         record = {
             "step": step,
             "val_loss": result["nll"],
@@ -425,7 +441,6 @@ def _evaluate(accelerator, model, val_batches, objective, state: dict, step: int
             "val_tokens": result["num_tokens"],
         }
         state["evals"].append(record)
-    accelerator.wait_for_everyone()
     return record
 
 

@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# Set up (or reuse) the repository's virtual environment, install swapformer, and run
+# `swapformer train` in the current folder with the arguments given (none: the default run, a tiny
+# decoder pretrained on the Python standard library, written to ./swapformer-model).
+# torch is installed first and pinned so pip takes the CPU wheel instead of resolving a multi-GB
+# CUDA build; set TORCH_SPEC (e.g. "torch==2.13.0" from another index) to choose differently.
+set -euo pipefail
+REPO="$(cd "$(dirname "$0")/.." && pwd)"
+VENV="${SWAPFORMER_VENV:-$REPO/.venv}"
+[ -x "$VENV/bin/python" ] || python3 -m venv "$VENV"
+"$VENV/bin/python" -m pip install -q --upgrade pip
+"$VENV/bin/python" -m pip install -q "${TORCH_SPEC:-torch==2.13.0}"
+"$VENV/bin/python" -m pip install -q -e "$REPO"
+exec "$VENV/bin/swapformer" train "$@"
