@@ -9,6 +9,7 @@ import torch
 from torch import nn
 from transformers import PreTrainedModel
 from transformers import initialization as init
+from transformers.generation import GenerationMixin
 
 from ..configuration.backends import PER_LAYER_BACKEND, check_layer_backends
 from ..configuration.configuration_swapformer import SwapformerConfig
@@ -29,6 +30,10 @@ class SwapformerPreTrainedModel(PreTrainedModel):
     _can_compile_fullgraph = False
     # Maps an Auto class name to the model class; filled per architecture, read for `auto_map`.
     auto_classes: dict[str, type] = {}
+
+    def post_init(self):
+        super().post_init()
+        self.register_state_dict_post_hook(contiguous_state_dict)
 
     # Backend choice -----------------------------------------------------------------------------
 
@@ -116,6 +121,45 @@ class SwapformerPreTrainedModel(PreTrainedModel):
         if is_main_process:
             write_remote_code(type(self), save_directory)
         return result
+
+
+def use_decoding_layout(model: PreTrainedModel) -> bool:
+    """Store the LM head's weight input-major when it is a plain, wide CPU `nn.Linear`; returns
+    whether it changed.
+
+    Each decoding step multiplies one row by the LM head, the largest matrix of a small LM (vocab x
+    hidden). On CPU that matrix-vector product runs markedly faster on an input-major matrix (the
+    layout of GPT-2's Conv1D) than on `nn.Linear`'s row-major one (see the README's generation
+    table). Shape, values, the Parameter object (so tying) are unchanged, only the strides; state
+    dicts still hold contiguous tensors (`contiguous_state_dict`), so every way of saving works.
+    """
+    head = model.get_output_embeddings()
+    if type(head) is not nn.Linear or head.out_features <= head.in_features:
+        return False
+    weight = head.weight
+    if type(weight) is not nn.Parameter or weight.device.type != "cpu" or not weight.is_floating_point():
+        return False
+    if not weight.is_contiguous():
+        return False
+    with torch.no_grad():
+        weight.data = weight.data.t().contiguous().t()
+    return True
+
+
+def contiguous_state_dict(module, state_dict, prefix, local_metadata) -> None:
+    """State-dict post-hook: tensors (not `keep_vars` Parameters) in the decoding layout are handed
+    out contiguous, as safetensors and transformers' tied-weight checks need."""
+    for key, value in state_dict.items():
+        if key.startswith(prefix) and not isinstance(value, nn.Parameter) and not value.is_contiguous():
+            state_dict[key] = value.contiguous()
+
+
+class SwapformerGenerationMixin(GenerationMixin):
+    """transformers' generate(), with the LM head in the faster decoding layout."""
+
+    def generate(self, *args, **kwargs):
+        use_decoding_layout(self)
+        return super().generate(*args, **kwargs)
 
 
 def finish_output(config, output, return_dict: bool | None):

@@ -5,7 +5,6 @@ from __future__ import annotations
 import torch
 from torch import nn
 from transformers.cache_utils import Cache, DynamicCache
-from transformers.generation import GenerationMixin
 from transformers.modeling_outputs import (
     BaseModelOutputWithPast,
     CausalLMOutputWithPast,
@@ -14,6 +13,7 @@ from transformers.modeling_outputs import (
 
 from ..configuration.configuration_swapformer import DecoderConfig
 from .modeling_base import (
+    SwapformerGenerationMixin,
     SwapformerPreTrainedModel,
     finish_output,
     keep_positions,
@@ -89,7 +89,7 @@ class DecoderModel(StackMixin, DecoderPreTrainedModel):
         return finish_output(cfg, out, return_dict)
 
 
-class DecoderForCausalLM(DecoderPreTrainedModel, GenerationMixin):
+class DecoderForCausalLM(DecoderPreTrainedModel, SwapformerGenerationMixin):
     _tied_weights_keys = {"lm_head.weight": "model.embed_tokens.weight"}
     accepts_loss_kwargs = True
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 import torch
 from torch import nn
 from transformers.cache_utils import Cache, DynamicCache, DynamicLayer, EncoderDecoderCache
-from transformers.generation import GenerationMixin
 from transformers.modeling_outputs import (
     BaseModelOutput,
     BaseModelOutputWithPastAndCrossAttentions,
@@ -16,6 +15,7 @@ from transformers.modeling_outputs import (
 
 from ..configuration.configuration_swapformer import Seq2SeqConfig
 from .modeling_base import (
+    SwapformerGenerationMixin,
     SwapformerPreTrainedModel,
     finish_output,
     keep_positions,
@@ -235,7 +235,7 @@ class Seq2SeqModel(Seq2SeqPreTrainedModel):
         return finish_output(cfg, out, return_dict)
 
 
-class Seq2SeqForConditionalGeneration(Seq2SeqPreTrainedModel, GenerationMixin):
+class Seq2SeqForConditionalGeneration(Seq2SeqPreTrainedModel, SwapformerGenerationMixin):
     accepts_loss_kwargs = True
 
     def __init__(self, config: Seq2SeqConfig):

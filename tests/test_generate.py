@@ -309,3 +309,27 @@ def test_static_cache_generates_what_the_dynamic_cache_does(arch, attn):
     static = model.generate(ids, cache_implementation="static", **kw)
     assert torch.equal(dynamic.sequences, static.sequences)
     assert max(max_diff(a, b) for a, b in zip(dynamic.logits, static.logits)) <= TOLERANCE
+
+
+@pytest.mark.parametrize("tied", [False, True])
+def test_decoding_layout_changes_strides_only(tied, tmp_path):
+    """generate() stores the LM head input-major (a faster matrix-vector product on CPU); the
+    function, the tying, state dicts, saving and training are unaffected."""
+    model = lm("decoder", position_embedding_type="rope", tie_word_embeddings=tied)
+    ids, mask = prompts("decoder")
+    with torch.no_grad():
+        before = model(ids, attention_mask=mask).logits
+    model.generate(ids, attention_mask=mask, max_new_tokens=2, pad_token_id=0)
+    head = model.lm_head.weight
+    assert not head.is_contiguous() and head.shape == (97, 32)
+    assert (head is model.model.embed_tokens.weight) == tied
+    assert all(t.is_contiguous() for t in model.state_dict().values())
+    with torch.no_grad():
+        assert max_diff(model(ids, attention_mask=mask).logits, before) <= 1e-5
+    model.save_pretrained(tmp_path)
+    reloaded = type(model).from_pretrained(tmp_path)
+    with torch.no_grad():
+        assert max_diff(reloaded(ids, attention_mask=mask).logits, before) <= 1e-5
+    model.train()
+    model(ids, attention_mask=mask, labels=ids).loss.backward()
+    assert head.grad.shape == head.shape and bool(head.grad.abs().sum() > 0)

@@ -103,3 +103,62 @@ def test_feature_extraction(tokenizer):
     with torch.no_grad():
         direct = model(**ids).last_hidden_state
     torch.testing.assert_close(features, direct)
+
+
+@pytest.fixture(scope="module")
+def lm_tokenizer():
+    """A word-level tokenizer with <s> / </s> / <pad>, left padding, as generation wants."""
+    vocab = {tok: i for i, tok in enumerate(["<pad>", "<s>", "</s>", "<unk>"] + WORDS)}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok.decoder = decoders.WordPiece(prefix="##", cleanup=False)
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        pad_token="<pad>",
+        bos_token="<s>",
+        eos_token="</s>",
+        unk_token="<unk>",
+        padding_side="left",
+    )
+
+
+def lm(model_class, arch, tokenizer):
+    config = tiny_config(arch, vocab_size=len(tokenizer), position_embedding_type="rope")
+    model = model_class(config).eval()
+    scramble_(model)
+    return model
+
+
+def test_text_generation_pipeline_batches_left_padded_prompts(lm_tokenizer):
+    model = lm(swapformer.DecoderForCausalLM, "decoder", lm_tokenizer)
+    generator = pipeline("text-generation", model=model, tokenizer=lm_tokenizer)
+    prompts = ["the cat sat on", "paris"]
+    kw = dict(max_new_tokens=4, min_new_tokens=4, do_sample=False)
+    out = generator(prompts, batch_size=2, return_tensors=True, **kw)
+    texts = generator(prompts, batch_size=2, **kw)
+    padded = []
+    for prompt, result, text in zip(prompts, out, texts):
+        # left padding inside the batch changes nothing: the same tokens as generate() alone
+        alone = model.generate(**lm_tokenizer(prompt, return_tensors="pt"), **kw)[0]
+        ids = list(result[0]["generated_token_ids"])
+        pads = len(ids) - len(alone)
+        assert ids[:pads] == [lm_tokenizer.pad_token_id] * pads and ids[pads:] == alone.tolist()
+        padded.append(pads)
+        assert text[0]["generated_text"].startswith(prompt)
+    assert padded == [0, 3]  # the short prompt really was left-padded in the batch
+
+
+def test_seq2seq_generation_end_to_end_without_the_removed_pipeline(lm_tokenizer):
+    """transformers 5.x removed text2text-generation / summarization / translation (REMOVED_TASKS)
+    and offers no seq2seq text pipeline; the model generates from tokenized text and decodes."""
+    model = lm(swapformer.Seq2SeqForConditionalGeneration, "seq2seq", lm_tokenizer)
+    for task in ("text2text-generation", "summarization", "translation"):
+        with pytest.raises(KeyError, match=f"{task} has been removed"):
+            pipeline(task, model=model, tokenizer=lm_tokenizer)
+    batch = lm_tokenizer(["the cat sat on the mat", "paris"], padding=True, return_tensors="pt")
+    out = model.generate(**batch, max_new_tokens=5, min_new_tokens=5, do_sample=False)
+    texts = lm_tokenizer.batch_decode(out, skip_special_tokens=True)
+    assert len(texts) == 2 and all(len(t.split()) == 5 for t in texts)
+    # each row decodes as it does alone: padding does not leak into the encoder
+    alone = model.generate(**lm_tokenizer(["paris"], return_tensors="pt"), max_new_tokens=5, min_new_tokens=5)
+    assert torch.equal(alone[0], out[1])
