@@ -130,13 +130,15 @@ def split_documents(
 
 
 def _budget(docs: list[Document], max_chars: int) -> list[Document]:
+    """Documents in order up to `max_chars` (0: all), each contributing at most a tenth of the budget
+    (its beginning), so one large file (a generated table, say) cannot make up a whole split."""
     if not max_chars:
         return docs
-    out, total = [], 0
+    out, total, per_doc = [], 0, max(1, max_chars // 10)
     for d in docs:
         if total >= max_chars:
             break
-        text = d.text[: max_chars - total]
+        text = d.text[: min(per_doc, max_chars - total)]
         out.append(Document(d.name, text))
         total += len(text)
     return out

@@ -22,6 +22,7 @@ import os
 import pathlib
 import shutil
 import time
+from dataclasses import dataclass
 
 import torch
 
@@ -130,7 +131,9 @@ def check_launch() -> None:
 
 
 def latest_checkpoint(out: pathlib.Path) -> pathlib.Path | None:
-    done = sorted(p for p in (out / "checkpoints").glob("step_*") if (p / STATE_FILE).is_file())
+    done = sorted(
+        p for p in (out / "checkpoints").glob("step_*") if p.suffix != ".tmp" and (p / STATE_FILE).is_file()
+    )
     return done[-1] if done else None
 
 
@@ -163,6 +166,76 @@ def step_generator(seed: int, step: int) -> torch.Generator:
     return torch.Generator().manual_seed(seed * 1_000_003 + 7919 * step + 1)
 
 
+@dataclass
+class RunData:
+    """Everything derived from the corpus; the same in every process."""
+
+    tokenizer: object
+    corpus_name: str
+    train_docs: list
+    val_docs: list
+    train_blocks: torch.Tensor  # (N, seq_len) token ids
+    val_blocks: torch.Tensor
+    objective: object
+    order: data_mod.BlockOrder
+    val_batches: list[dict]  # the objective applied once, with a fixed generator
+
+
+def prepare_data(args: TrainArgs, accelerator, out: pathlib.Path, fresh: bool) -> RunData:
+    """Documents, split, tokenizer (trained or reused by the main process on a fresh run, then read back
+    from the output folder by every process), token blocks and validation batches."""
+    docs, corpus_name = data_mod.load_documents(args.data, args.text_column)
+    train_docs, val_docs = data_mod.split_documents(
+        docs, args.val_fraction, args.max_train_chars, args.max_val_chars
+    )
+    if accelerator.is_main_process and fresh:
+        if args.tokenizer is not None:
+            tokenizer = load_tokenizer(args.tokenizer, args.arch)
+        else:
+            tokenizer = train_tokenizer((d.text for d in train_docs), args.vocab_size)
+        tokenizer.save_pretrained(out)
+        (out / RUN_FILE).write_text(json.dumps(args.to_json(), indent=2) + "\n")
+    accelerator.wait_for_everyone()
+    tokenizer = load_tokenizer(str(out), args.arch)
+    train_blocks = data_mod.pack(tokenizer, train_docs, args.seq_len)
+    val_blocks = data_mod.pack(tokenizer, val_docs, args.seq_len)
+    for name, blocks, split in (("training", train_blocks, train_docs), ("validation", val_blocks, val_docs)):
+        if len(blocks) == 0:
+            chars = sum(len(d.text) for d in split)
+            raise TrainArgumentError(
+                f"the {name} split ({len(split)} documents, {chars} characters) is shorter than one "
+                f"--seq-len {args.seq_len} block; give more --data, raise --max-train-chars/--max-val-chars "
+                "or lower --seq-len"
+            )
+    objective = make_objective(tokenizer, args)
+    val_generator = step_generator(args.seed, -1)
+    val_batches = [
+        objective(val_blocks[i : i + args.batch_size], val_generator)
+        for i in range(0, len(val_blocks), args.batch_size)
+    ]
+    order = data_mod.BlockOrder(len(train_blocks), args.seed)
+    return RunData(
+        tokenizer, corpus_name, train_docs, val_docs, train_blocks, val_blocks, objective, order, val_batches
+    )
+
+
+def build_model(args: TrainArgs, options: dict, tokenizer):
+    config = CONFIG_CLASSES[args.arch](
+        **options,
+        vocab_size=len(tokenizer),
+        pad_token_id=tokenizer.pad_token_id,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        **({"decoder_start_token_id": tokenizer.bos_token_id} if args.arch == "encoder-decoder" else {}),
+    )
+    torch.manual_seed(args.seed)
+    model = MODEL_CLASSES[args.arch]._from_config(config, attn_implementation=args.attn)
+    if args.gradient_checkpointing:
+        # non-reentrant: the variant that works under DDP and with inputs that need no gradient
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+    return model.train()
+
+
 def train(args: TrainArgs, *, step_hook=None) -> dict:
     """Run `swapformer train`; returns the final metrics (or {"stopped_at": step} for --stop-after).
 
@@ -170,6 +243,7 @@ def train(args: TrainArgs, *, step_hook=None) -> dict:
     """
     from accelerate import Accelerator
     from accelerate.utils import set_seed
+    from tqdm.auto import tqdm
 
     start_time = time.time()
     args, options = check_run(args)
@@ -185,60 +259,15 @@ def train(args: TrainArgs, *, step_hook=None) -> dict:
         # several processes without GPUs: accelerate only picks CPU data parallelism (gloo) when told
         cpu=not torch.cuda.is_available() and int(os.environ.get("WORLD_SIZE", "1")) > 1,
     )
-    main = accelerator.is_main_process
     set_seed(args.seed)
-
-    # Output folder, tokenizer and data (every process derives the same data; the main one writes) ---
-    if main:
+    if accelerator.is_main_process:
         if resume_from is None and out.exists():
             shutil.rmtree(out)  # check_output_dir allowed it: --overwrite of a swapformer run
         out.mkdir(parents=True, exist_ok=True)
-    docs, corpus_name = data_mod.load_documents(args.data, args.text_column)
-    train_docs, val_docs = data_mod.split_documents(
-        docs, args.val_fraction, args.max_train_chars, args.max_val_chars
-    )
-    if main and resume_from is None:
-        if args.tokenizer is not None:
-            tokenizer = load_tokenizer(args.tokenizer, args.arch)
-        else:
-            tokenizer = train_tokenizer((d.text for d in train_docs), args.vocab_size)
-        tokenizer.save_pretrained(out)
-        (out / RUN_FILE).write_text(json.dumps(args.to_json(), indent=2) + "\n")
-    accelerator.wait_for_everyone()
-    tokenizer = load_tokenizer(str(out), args.arch)
-    train_blocks = data_mod.pack(tokenizer, train_docs, args.seq_len)
-    val_blocks = data_mod.pack(tokenizer, val_docs, args.seq_len)
-    for name, blocks, docs_ in (("training", train_blocks, train_docs), ("validation", val_blocks, val_docs)):
-        if len(blocks) == 0:
-            chars = sum(len(d.text) for d in docs_)
-            raise TrainArgumentError(
-                f"the {name} split ({len(docs_)} documents, {chars} characters) is shorter than one "
-                f"--seq-len {args.seq_len} block; give more --data, raise --max-train-chars/--max-val-chars "
-                "or lower --seq-len"
-            )
-    objective = make_objective(tokenizer, args)
-    order = data_mod.BlockOrder(len(train_blocks), args.seed)
-    val_generator = step_generator(args.seed, -1)
-    val_batches = [
-        objective(val_blocks[i : i + args.batch_size], val_generator)
-        for i in range(0, len(val_blocks), args.batch_size)
-    ]
+    data = prepare_data(args, accelerator, out, fresh=resume_from is None)
 
-    # Model and optimizer ----------------------------------------------------------------------------
-    config = CONFIG_CLASSES[args.arch](
-        **options,
-        vocab_size=len(tokenizer),
-        pad_token_id=tokenizer.pad_token_id,
-        bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-        **({"decoder_start_token_id": tokenizer.bos_token_id} if args.arch == "encoder-decoder" else {}),
-    )
-    torch.manual_seed(args.seed)
-    model = MODEL_CLASSES[args.arch]._from_config(config, attn_implementation=args.attn)
+    model = build_model(args, options, data.tokenizer)
     num_parameters = sum(p.numel() for p in model.parameters())
-    if args.gradient_checkpointing:
-        model.gradient_checkpointing_enable()
-    model.train()
     optimizer = torch.optim.AdamW(
         param_groups(model, args.weight_decay),
         lr=args.lr,
@@ -250,39 +279,32 @@ def train(args: TrainArgs, *, step_hook=None) -> dict:
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(args))
     accelerator.register_for_checkpointing(scheduler)
 
-    world, rank, micro = accelerator.num_processes, accelerator.process_index, args.batch_size
-    global_batch = micro * args.grad_accum * world
-    state = {
-        "step": 0,
-        "history": [],
-        "evals": [],
-        "train_seconds": 0.0,
-        "data": data_mod.fingerprint(train_blocks),
-    }
+    global_batch = args.batch_size * args.grad_accum * accelerator.num_processes
+    state = {"step": 0, "history": [], "evals": [], "train_seconds": 0.0}
+    state.update(data=data_mod.fingerprint(data.train_blocks), global_batch=global_batch)
     if resume_from is not None:
         saved = json.loads((resume_from / STATE_FILE).read_text())
-        if saved["data"] != state["data"] or saved.get("global_batch") != global_batch:
+        if (saved["data"], saved["global_batch"]) != (state["data"], global_batch):
             raise TrainArgumentError(
                 f"--resume: the training data or the global batch changed since {resume_from} "
-                f"(data {saved['data']} -> {state['data']}, global batch {saved.get('global_batch')} -> {global_batch})"
+                f"(data {saved['data']} -> {state['data']}, global batch {saved['global_batch']} -> {global_batch})"
             )
         accelerator.load_state(str(resume_from))
         state = saved
-    state["global_batch"] = global_batch
     metrics_file = out / "metrics.jsonl"
-    if main:  # the log holds exactly the steps the state knows (a resume drops the lost ones)
+    if (
+        accelerator.is_main_process
+    ):  # the log holds exactly the steps the state knows (a resume drops the lost ones)
         metrics_file.write_text("".join(json.dumps(r) + "\n" for r in _log_records(state)))
-    if tracker and main:
-        accelerator.init_trackers("runs", config={k: str(v) for k, v in args.to_json().items()})
-
-    from tqdm.auto import tqdm
+        if tracker:
+            accelerator.init_trackers("runs", config={k: str(v) for k, v in args.to_json().items()})
 
     bar = tqdm(
         total=args.max_steps,
         initial=state["step"],
         desc="train",
         unit="step",
-        disable=not (main and args.progress),
+        disable=not (accelerator.is_main_process and args.progress),
         dynamic_ncols=True,
     )
     last_ckpt = resume_from
@@ -290,25 +312,15 @@ def train(args: TrainArgs, *, step_hook=None) -> dict:
     while state["step"] < args.max_steps:
         step = state["step"] + 1
         t0 = time.time()
-        indices = order.indices((step - 1) * global_batch, global_batch)
-        batch = objective(train_blocks[indices], step_generator(args.seed, step))
-        # DDP averages gradients over processes: each normalises by its share of the global count
-        items = objective.num_targets(batch) / world
-        loss_sum = torch.zeros((), device=accelerator.device)
-        for i in range(args.grad_accum):
-            rows = slice((i * world + rank) * micro, (i * world + rank + 1) * micro)
-            inputs = {k: v[rows].to(accelerator.device) for k, v in batch.items()}
-            sync = contextlib.nullcontext() if i == args.grad_accum - 1 else accelerator.no_sync(model)
-            with sync, accelerator.autocast():
-                loss = model(**inputs, num_items_in_batch=items).loss
-                accelerator.backward(loss)
-            loss_sum += loss.detach()
-        loss_value = float(accelerator.reduce(loss_sum, reduction="sum")) / world
-        grad_norm = float(accelerator.clip_grad_norm_(model.parameters(), args.max_grad_norm))
-        if not (math.isfinite(loss_value) and math.isfinite(grad_norm)):
+        indices = data.order.indices((step - 1) * global_batch, global_batch)
+        batch = data.objective(data.train_blocks[indices], step_generator(args.seed, step))
+        loss, grad_norm = forward_backward(accelerator, model, batch, data.objective, args)
+        # fp16's loss scaler skips steps with infinite gradients by design; anything else non-finite stops
+        fp16_skip = args.mixed_precision == "fp16" and math.isfinite(loss)
+        if not math.isfinite(loss) or not (math.isfinite(grad_norm) or fp16_skip):
             bar.close()
             raise TrainingDiverged(
-                f"training stopped at step {step}: the loss is {loss_value} and the gradient norm {grad_norm}; "
+                f"training stopped at step {step}: the loss is {loss} and the gradient norm {grad_norm}; "
                 f"the weights were not updated. Last good checkpoint: {last_ckpt or 'none (no checkpoint yet)'}. "
                 "Lower --lr, raise --warmup-steps or use --mixed-precision no, then start again with "
                 "--overwrite (or --resume with the same arguments)"
@@ -318,79 +330,105 @@ def train(args: TrainArgs, *, step_hook=None) -> dict:
         scheduler.step()
         optimizer.zero_grad(set_to_none=True)
         dt = time.time() - t0
-        state["train_seconds"] += dt
+        state["step"], state["train_seconds"] = step, state["train_seconds"] + dt
         record = {
             "step": step,
-            "loss": loss_value,
+            "loss": loss,
             "lr": lr,
             "grad_norm": grad_norm,
             "tokens": step * tokens_per_step,
             "tokens_per_s": tokens_per_step / dt,
-            "epoch": order.epoch(step * global_batch),
+            "epoch": data.order.epoch(step * global_batch),
             "train_seconds": state["train_seconds"],
         }
-        state["step"] = step
         state["history"].append(record)
         if step_hook is not None:
             step_hook(step, model)
         if step % args.eval_every == 0 and step < args.max_steps:
-            _log(
-                accelerator, metrics_file, _evaluate(accelerator, model, val_batches, objective, state, step)
-            )
+            _log(accelerator, metrics_file, _evaluate(accelerator, model, data, state, step))
         _log(accelerator, metrics_file, record)
-        bar.set_postfix(loss=f"{loss_value:.4f}", tok_s=f"{record['tokens_per_s']:,.0f}")
+        bar.set_postfix(loss=f"{loss:.4f}", tok_s=f"{record['tokens_per_s']:,.0f}")
         bar.update(1)
         if step % args.save_every == 0 or step == args.max_steps:
             last_ckpt = _save_checkpoint(accelerator, out, state, args.keep_checkpoints)
-        if args.stop_after is not None and step >= args.stop_after and step < args.max_steps:
+        if args.stop_after is not None and args.stop_after <= step < args.max_steps:
             bar.close()
             return {"stopped_at": step}
     bar.close()
 
-    # Final evaluation and the Hub-ready folder ------------------------------------------------------
-    final_eval = _evaluate(accelerator, model, val_batches, objective, state, state["step"])
-    unwrapped = accelerator.unwrap_model(model)
+    final_eval = _evaluate(accelerator, model, data, state, state["step"])
     weights = accelerator.get_state_dict(model)  # whole tensors, also under FSDP (collective: all processes)
     metrics = {}
-    if main:
-        counts = target_counts(train_blocks, objective, len(tokenizer), step_generator(args.seed, -2))
-        baseline = perplexity(unigram_log_probs(counts, val_batches, objective.shift))
+    if accelerator.is_main_process:
         _log(accelerator, metrics_file, final_eval)
-        metrics = {
-            "val_perplexity": final_eval["val_perplexity"],
-            "val_loss": final_eval["val_loss"],
-            "unigram_perplexity": baseline["perplexity"],
-            "val_tokens": final_eval["val_tokens"],
-            "final_train_loss": state["history"][-1]["loss"],
-            "steps": state["step"],
-            "tokens_seen": state["step"] * tokens_per_step,
-            "epochs": order.epoch(state["step"] * global_batch),
-            "global_batch": global_batch,
-            "num_processes": world,
-            "num_parameters": num_parameters,
-            "train_blocks": len(train_blocks),
-            "val_blocks": len(val_blocks),
-            "train_seconds": state["train_seconds"],
-            "total_seconds": time.time() - start_time,
-            "hardware": hardware(),
-            "corpus": corpus_name,
-        }
-        unwrapped.save_pretrained(out, state_dict=weights, safe_serialization=True)
-        tokenizer.save_pretrained(out)
-        (out / "metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
-        plot_loss_curve(state["history"], state["evals"], str(out / "loss_curve.png"))
-        corpus_text = _corpus_text(args, corpus_name, train_docs, val_docs, train_blocks, val_blocks)
-        write_model_card(
-            str(out / "README.md"),
-            args=args,
-            model=unwrapped,
-            metrics=metrics,
-            corpus_name=corpus_name,
-            corpus_text=corpus_text,
+        run = dict(
+            num_parameters=num_parameters, num_processes=accelerator.num_processes, start_time=start_time
+        )
+        metrics = write_folder(
+            out, args, accelerator.unwrap_model(model), weights, data, state, final_eval, run
         )
     accelerator.wait_for_everyone()
     if tracker:
         accelerator.end_training()
+    return metrics
+
+
+def forward_backward(accelerator, model, batch: dict, objective, args: TrainArgs) -> tuple[float, float]:
+    """This process's micro-batches of the global batch, gradients accumulated; returns the mean loss
+    over the global batch's labelled tokens and the clipped gradient norm."""
+    world, rank, micro = accelerator.num_processes, accelerator.process_index, args.batch_size
+    # DDP averages gradients over processes: each normalises by its share of the global count
+    items = objective.num_targets(batch) / world
+    loss_sum = torch.zeros((), device=accelerator.device)
+    for i in range(args.grad_accum):
+        rows = slice((i * world + rank) * micro, (i * world + rank + 1) * micro)
+        inputs = {k: v[rows].to(accelerator.device) for k, v in batch.items()}
+        last = i == args.grad_accum - 1
+        with contextlib.nullcontext() if last else accelerator.no_sync(model):
+            loss = model(**inputs, num_items_in_batch=items).loss  # prepare() added autocast if asked
+            accelerator.backward(loss)
+        loss_sum += loss.detach()
+    loss = float(accelerator.reduce(loss_sum, reduction="sum")) / world
+    return loss, float(accelerator.clip_grad_norm_(model.parameters(), args.max_grad_norm))
+
+
+def write_folder(out, args, model, weights, data: RunData, state, final_eval, run) -> dict:
+    """The Hub-ready folder: weights and remote code, tokenizer, metrics, loss curve, model card."""
+    counts = target_counts(
+        data.train_blocks, data.objective, len(data.tokenizer), step_generator(args.seed, -2)
+    )
+    baseline = perplexity(unigram_log_probs(counts, data.val_batches, data.objective.shift))
+    metrics = {
+        "val_perplexity": final_eval["val_perplexity"],
+        "val_loss": final_eval["val_loss"],
+        "unigram_perplexity": baseline["perplexity"],
+        "val_tokens": final_eval["val_tokens"],
+        "final_train_loss": state["history"][-1]["loss"],
+        "steps": state["step"],
+        "tokens_seen": state["step"] * state["global_batch"] * args.seq_len,
+        "epochs": data.order.epoch(state["step"] * state["global_batch"]),
+        "global_batch": state["global_batch"],
+        "num_processes": run["num_processes"],
+        "num_parameters": run["num_parameters"],
+        "train_blocks": len(data.train_blocks),
+        "val_blocks": len(data.val_blocks),
+        "train_seconds": state["train_seconds"],
+        "total_seconds": time.time() - run["start_time"],
+        "hardware": hardware(),
+        "corpus": data.corpus_name,
+    }
+    model.save_pretrained(out, state_dict=weights, safe_serialization=True)
+    data.tokenizer.save_pretrained(out)
+    (out / "metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
+    plot_loss_curve(state["history"], state["evals"], str(out / "loss_curve.png"))
+    write_model_card(
+        str(out / "README.md"),
+        args=args,
+        model=model,
+        metrics=metrics,
+        corpus_name=data.corpus_name,
+        corpus_text=_corpus_text(args, data),
+    )
     return metrics
 
 
@@ -414,17 +452,18 @@ def _log(accelerator, path: pathlib.Path, record: dict) -> None:
     accelerator.log({k: v for k, v in record.items() if k != "step"}, step=record["step"])
 
 
-def _evaluate(accelerator, model, val_batches, objective, state: dict, step: int) -> dict:
+def _evaluate(accelerator, model, data: RunData, state: dict, step: int) -> dict:
     """Validation loss and perplexity. Every process scores its share of the batches with the wrapped
     model (each runs the same number of forwards, which FSDP needs; the last share is padded with
     batch 0), and the main process computes the metric over all rows in batch order."""
     from accelerate.utils import gather_object
 
     world, rank = accelerator.num_processes, accelerator.process_index
+    val_batches = data.val_batches
     per_process = -(-len(val_batches) // world)
     mine = list(range(rank, len(val_batches), world))
     padded = mine + [0] * (per_process - len(mine))
-    rows = model_log_probs(model, [val_batches[i] for i in padded], objective.shift)
+    rows = model_log_probs(model, [val_batches[i] for i in padded], data.objective.shift)
     per_batch = [len(val_batches[i]["labels"]) for i in padded]
     scored = []  # (batch index, rows of that batch), padding dropped
     for k, i in enumerate(mine):
@@ -465,7 +504,7 @@ def _save_checkpoint(accelerator, out: pathlib.Path, state: dict, keep: int) -> 
     return final
 
 
-def _corpus_text(args, corpus_name, train_docs, val_docs, train_blocks, val_blocks) -> str:
+def _corpus_text(args: TrainArgs, data: RunData) -> str:
     source = (
         "the Python standard library that ran the training (its `.py` files, docstrings included; test "
         "suites and site-packages left out)"
@@ -473,8 +512,8 @@ def _corpus_text(args, corpus_name, train_docs, val_docs, train_blocks, val_bloc
         else f"`{', '.join(args.data)}`"
     )
     return (
-        f"`{corpus_name}`: {source}. Documents go to validation by a hash of their name "
-        f"(fraction {args.val_fraction}), so the split is deterministic. Training: {len(train_docs)} documents, "
-        f"{train_blocks.numel():,} tokens; validation: {len(val_docs)} documents, {val_blocks.numel():,} tokens "
-        f"(blocks of {args.seq_len} tokens, documents joined by `</s>`)."
+        f"`{data.corpus_name}`: {source}. Documents go to validation by a hash of their name "
+        f"(fraction {args.val_fraction}), so the split is deterministic. Training: {len(data.train_docs)} "
+        f"documents, {data.train_blocks.numel():,} tokens; validation: {len(data.val_docs)} documents, "
+        f"{data.val_blocks.numel():,} tokens (blocks of {args.seq_len} tokens, documents joined by `</s>`)."
     )
