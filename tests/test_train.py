@@ -198,6 +198,9 @@ def test_each_architecture_trains_and_writes_a_hub_ready_folder(arch, tmp_path, 
     out = tmp_path / "run"
     if arch == "encoder":  # also: another backend, activation checkpointing
         extra = dict(attn="eager", gradient_checkpointing=True)
+    if arch == "decoder":  # also: the block-sparse backend on a sliding-window layer
+        layers = ["sliding_attention", "full_attention"]
+        extra = dict(attn="sparse", model_options=dict(sliding_window=8, layer_types=layers))
     metrics = train(tiny_args(out, data, arch=arch, **extra))
 
     for name in (
@@ -211,7 +214,9 @@ def test_each_architecture_trains_and_writes_a_hub_ready_folder(arch, tmp_path, 
         assert (out / name).is_file(), name
     assert list(out.glob("modeling_*.py")), "remote code missing"
     assert (out / "loss_curve.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    assert json.loads((out / "config.json").read_text())["auto_map"]
+    config = json.loads((out / "config.json").read_text())
+    assert config["auto_map"]
+    assert config["layer_types"] == extra.get("model_options", {}).get("layer_types", ["full_attention"] * 2)
     assert json.loads((out / "metrics.json").read_text()) == pytest.approx(metrics)
     curve = losses(out)
     assert [s for s, _ in curve] == list(range(1, 9))
@@ -386,3 +391,21 @@ def test_metrics_reach_tensorboard_when_it_is_installed(tmp_path, text_folder):
     assert [e.step for e in acc.Scalars("loss")] == [1, 2, 3]
     assert [round(e.value, 4) for e in acc.Scalars("loss")] == [round(v, 4) for _, v in losses(out)]
     assert acc.Scalars("val_perplexity")
+
+
+def test_cli_config_file_and_set_flags_reach_the_saved_model(tmp_path, text_folder):
+    config_file = tmp_path / "model.json"
+    config_file.write_text(
+        json.dumps({"num_key_value_heads": 2, "position_embedding_type": "alibi", "hidden_size": 64})
+    )
+    out = tmp_path / "run"
+    argv = ["train", "--output-dir", str(out), "--data", str(text_folder), "--config", str(config_file)]
+    argv += ["--set", "hidden_size=32", "--set", "num_hidden_layers=1", "--set", "intermediate_size=64"]
+    argv += ["--vocab-size", "600", "--seq-len", "32", "--batch-size", "2", "--max-steps", "2"]
+    argv += ["--warmup-steps", "0", "--max-train-chars", "20000", "--max-val-chars", "3000", "--no-progress"]
+    assert main(argv) == 0
+    config = json.loads((out / "config.json").read_text())
+    assert config["num_key_value_heads"] == 2 and config["position_embedding_type"] == "alibi"
+    assert config["hidden_size"] == 32 and config["num_hidden_layers"] == 1  # --set wins over --config
+    assert config["max_position_embeddings"] == 32  # sized to --seq-len
+    assert json.loads((out / "training_args.json").read_text())["model_options"]["hidden_size"] == 32

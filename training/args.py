@@ -218,20 +218,12 @@ def validate(args: TrainArgs) -> None:
     for name in ("lr", "adam_eps", "max_grad_norm"):
         if not getattr(args, name) > 0:
             raise TrainArgumentError(f"{flag(name)} must be > 0, got {getattr(args, name)!r}")
-    for name, low, high in (
-        ("weight_decay", 0.0, 1.0),
-        ("min_lr_ratio", 0.0, 1.0),
-        ("adam_beta1", 0.0, 1.0),
-        ("adam_beta2", 0.0, 1.0),
-        ("val_fraction", 0.0, 1.0),
-        ("mlm_probability", 0.0, 1.0),
-        ("noise_density", 0.0, 1.0),
-    ):
-        value = getattr(args, name)
-        if not low <= value < high or (
-            name in ("val_fraction", "mlm_probability", "noise_density") and value == 0
-        ):
-            raise TrainArgumentError(f"{flag(name)} must lie in ({low}, {high}), got {value!r}")
+    for name in ("weight_decay", "min_lr_ratio", "adam_beta1", "adam_beta2"):
+        if not 0 <= getattr(args, name) < 1:
+            raise TrainArgumentError(f"{flag(name)} must lie in [0, 1), got {getattr(args, name)!r}")
+    for name in ("val_fraction", "mlm_probability", "noise_density"):
+        if not 0 < getattr(args, name) < 1:
+            raise TrainArgumentError(f"{flag(name)} must lie in (0, 1), got {getattr(args, name)!r}")
     if args.mean_span_length < 1:
         raise TrainArgumentError(f"--mean-span-length must be >= 1, got {args.mean_span_length}")
     if args.warmup_steps < 0 or args.warmup_steps >= args.max_steps:
