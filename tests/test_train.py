@@ -409,3 +409,45 @@ def test_cli_config_file_and_set_flags_reach_the_saved_model(tmp_path, text_fold
     assert config["hidden_size"] == 32 and config["num_hidden_layers"] == 1  # --set wins over --config
     assert config["max_position_embeddings"] == 32  # sized to --seq-len
     assert json.loads((out / "training_args.json").read_text())["model_options"]["hidden_size"] == 32
+
+
+def test_a_killed_process_resumes_onto_the_uninterrupted_curve(tmp_path, text_folder, report):
+    """SIGKILL a real `python -m swapformer train` between checkpoints, resume it, compare."""
+    import signal
+    import time
+
+    steps, every = 300, 5
+    argv = ["--data", str(text_folder), "--vocab-size", "600", "--seq-len", "32", "--batch-size", "4"]
+    argv += ["--max-steps", str(steps), "--lr", "3e-3", "--warmup-steps", "1", "--save-every", str(every)]
+    argv += ["--eval-every", "100", "--max-train-chars", "60000", "--max-val-chars", "6000"]
+    argv += ["--val-fraction", "0.15", "--no-progress"]
+    for k, v in TINY_MODEL.items():
+        argv += ["--set", f"{k}={v}"]
+    killed = tmp_path / "killed"
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    command = [sys.executable, "-m", "swapformer", "train", "--output-dir", str(killed), *argv]
+    proc = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.time() + 120
+        while time.time() < deadline and proc.poll() is None:
+            logged = losses(killed) if (killed / "metrics.jsonl").exists() else []
+            if logged and logged[-1][0] >= 2 * every + 2:  # past the checkpoint at 2 * every
+                break
+            time.sleep(0.01)
+        assert proc.poll() is None, "the run ended before it could be killed"
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    logged_before = losses(killed)[-1][0]
+    assert logged_before < steps and not (killed / "model.safetensors").exists()
+    assert main(["train", "--output-dir", str(killed), *argv, "--resume"]) == 0
+
+    reference = tmp_path / "reference"
+    assert main(["train", "--output-dir", str(reference), *argv]) == 0
+    a, b = losses(reference), losses(killed)
+    assert [s for s, _ in b] == list(range(1, steps + 1))
+    diff = max(abs(x - y) for (_, x), (_, y) in zip(a, b))
+    report(f"killed at step {logged_before}, resumed: max |loss diff| over {steps} steps", diff)
+    assert diff <= 1e-6
