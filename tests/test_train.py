@@ -451,3 +451,26 @@ def test_a_killed_process_resumes_onto_the_uninterrupted_curve(tmp_path, text_fo
     diff = max(abs(x - y) for (_, x), (_, y) in zip(a, b))
     report(f"killed at step {logged_before}, resumed: max |loss diff| over {steps} steps", diff)
     assert diff <= 1e-6
+
+
+def test_a_diverging_learning_rate_stops_through_the_cli_with_a_clear_message(tmp_path, text_folder, capsys):
+    out = tmp_path / "run"
+    argv = [
+        "train",
+        "--output-dir",
+        str(out),
+        "--data",
+        str(text_folder),
+        "--lr",
+        "1e4",
+        "--max-grad-norm",
+        "1e9",
+    ]
+    argv += ["--vocab-size", "600", "--seq-len", "32", "--batch-size", "4", "--max-steps", "30"]
+    argv += ["--warmup-steps", "0", "--max-train-chars", "60000", "--max-val-chars", "6000", "--no-progress"]
+    for k, v in TINY_MODEL.items():
+        argv += ["--set", f"{k}={v}"]
+    assert main(argv) == 1
+    err = capsys.readouterr().err
+    assert "training stopped at step" in err and "Lower --lr" in err, err
+    assert not (out / "model.safetensors").exists()
