@@ -474,3 +474,16 @@ def test_a_diverging_learning_rate_stops_through_the_cli_with_a_clear_message(tm
     err = capsys.readouterr().err
     assert "training stopped at step" in err and "Lower --lr" in err, err
     assert not (out / "model.safetensors").exists()
+
+
+def test_mixed_precision_reaches_accelerate(tmp_path, text_folder, report):
+    fp32 = losses_of_run(tmp_path / "fp32", text_folder, mixed_precision="no")
+    bf16 = losses_of_run(tmp_path / "bf16", text_folder, mixed_precision="bf16")
+    diff = max(abs(a - b) for a, b in zip(fp32, bf16))
+    report("bf16 autocast vs fp32: max |loss diff| over 3 steps", diff)
+    assert 0 < diff < 0.1  # bf16 matmuls ran (different numbers), and trained the same model
+
+
+def losses_of_run(out: pathlib.Path, data: pathlib.Path, **kw) -> list[float]:
+    train(tiny_args(out, data, max_steps=3, **kw))
+    return [v for _, v in losses(out)]

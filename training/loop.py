@@ -242,6 +242,7 @@ def train(args: TrainArgs, *, step_hook=None) -> dict:
     `step_hook(step, model)`, if given, runs after each optimizer step (tests use it to inject faults).
     """
     from accelerate import Accelerator
+    from accelerate.state import AcceleratorState
     from accelerate.utils import set_seed
     from tqdm.auto import tqdm
 
@@ -252,6 +253,9 @@ def train(args: TrainArgs, *, step_hook=None) -> dict:
     out = pathlib.Path(args.output_dir)
 
     tracker = "tensorboard" if importlib.util.find_spec("tensorboard") else None
+    # accelerate keeps one AcceleratorState per Python process and refuses another mixed precision in a
+    # second train() call (a notebook, the tests); the distributed part (PartialState) is kept
+    AcceleratorState._reset_state()
     accelerator = Accelerator(
         mixed_precision=args.mixed_precision,
         log_with=tracker,
