@@ -20,7 +20,7 @@ from swapformer.cli import main
 from swapformer.training.args import TrainArgs, TrainArgumentError
 from swapformer.training.data import BlockOrder, split_documents, stdlib_documents
 from swapformer.training.evaluation import load_metric, model_log_probs, target_counts, unigram_log_probs
-from swapformer.training.loop import TrainingDiverged, check_launch, train
+from swapformer.training.loop import TrainingDiverged, check_launch, check_run, train
 from swapformer.training.objectives import SpanCorruption, make_objective
 from swapformer.training.tokenizer import train_tokenizer
 
@@ -487,3 +487,12 @@ def test_mixed_precision_reaches_accelerate(tmp_path, text_folder, report):
 def losses_of_run(out: pathlib.Path, data: pathlib.Path, **kw) -> list[float]:
     train(tiny_args(out, data, max_steps=3, **kw))
     return [v for _, v in losses(out)]
+
+
+@pytest.mark.parametrize("preset", ["tiny", "small", "base"])
+@pytest.mark.parametrize("arch", ["decoder", "encoder", "encoder-decoder"])
+def test_every_preset_builds_for_every_architecture(preset, arch):
+    args, options = check_run(TrainArgs(preset=preset, arch=arch))  # the model is built on the meta device
+    assert args.max_steps > args.warmup_steps and options["hidden_size"] % options["num_attention_heads"] == 0
+    needed = SpanCorruption.lengths_for(args)["encoder input"] if arch == "encoder-decoder" else args.seq_len
+    assert options["max_position_embeddings"] == needed

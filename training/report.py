@@ -10,15 +10,15 @@ from ..hub_cards.render import render_model_card
 from .args import TrainArgs
 
 ARCH_TEXT = {
-    "decoder": ("causal decoder", "causal language modelling", "text-generation", "AutoModelForCausalLM"),
+    "decoder": ("A causal decoder", "causal language modelling", "text-generation", "AutoModelForCausalLM"),
     "encoder": (
-        "bidirectional encoder",
-        "masked language modelling, 15% of tokens",
+        "A bidirectional encoder",
+        "masked language modelling",
         "fill-mask",
         "AutoModelForMaskedLM",
     ),
     "encoder-decoder": (
-        "encoder-decoder",
+        "An encoder-decoder",
         "T5-style span corruption",
         "text2text-generation",
         "AutoModelForSeq2SeqLM",
@@ -57,7 +57,8 @@ def plot_loss_curve(history: list[dict], evals: list[dict], path: str) -> None:
 def hardware() -> str:
     if torch.cuda.is_available():
         return f"{torch.cuda.device_count()} x {torch.cuda.get_device_name(0)}"
-    return f"CPU ({platform.processor() or platform.machine()}, {torch.get_num_threads()} threads)"
+    threads = torch.get_num_threads()
+    return f"CPU ({platform.processor() or platform.machine()}, {threads} thread{'s' if threads > 1 else ''})"
 
 
 def write_model_card(path: str, *, args: TrainArgs, model, metrics: dict, corpus_name: str, corpus_text: str):
