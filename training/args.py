@@ -176,6 +176,9 @@ def model_options(args: TrainArgs) -> dict:
     """The config fields of this run: model defaults, preset, --config file, then --set, in that order."""
     options = dict(MODEL_DEFAULTS)
     options.update(PRESETS[args.preset]["model"])
+    if args.arch == "encoder-decoder":  # the preset's layers split between encoder and decoder: same compute
+        half = max(1, options["num_hidden_layers"] // 2)
+        options.update(num_hidden_layers=half, decoder_layers=half)
     if args.config is not None:
         if not os.path.isfile(args.config):
             raise TrainArgumentError(f"--config {args.config!r}: no such file")
