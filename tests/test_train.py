@@ -393,13 +393,15 @@ def test_metrics_reach_tensorboard_when_it_is_installed(tmp_path, text_folder):
     assert acc.Scalars("val_perplexity")
 
 
-def test_cli_config_file_and_set_flags_reach_the_saved_model(tmp_path, text_folder):
+def test_cli_single_text_file_config_file_and_set_flags_reach_the_saved_model(tmp_path, text_folder):
     config_file = tmp_path / "model.json"
     config_file.write_text(
         json.dumps({"num_key_value_heads": 2, "position_embedding_type": "alibi", "hidden_size": 64})
     )
     out = tmp_path / "run"
-    argv = ["train", "--output-dir", str(out), "--data", str(text_folder), "--config", str(config_file)]
+    corpus = tmp_path / "corpus.txt"  # one long text file: cut into documents so validation gets some
+    corpus.write_text("".join(p.read_text() for p in sorted(text_folder.glob("*.txt"))))
+    argv = ["train", "--output-dir", str(out), "--data", str(corpus), "--config", str(config_file)]
     argv += ["--set", "hidden_size=32", "--set", "num_hidden_layers=1", "--set", "intermediate_size=64"]
     argv += ["--vocab-size", "600", "--seq-len", "32", "--batch-size", "2", "--max-steps", "2"]
     argv += ["--warmup-steps", "0", "--max-train-chars", "20000", "--max-val-chars", "3000", "--no-progress"]

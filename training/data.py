@@ -28,6 +28,7 @@ import torch
 from .args import TrainArgumentError
 
 TEXT_SUFFIXES = (".txt", ".md", ".rst", ".py", ".json", ".jsonl", ".csv", ".html", ".xml", ".tex")
+PIECE_CHARS = 20_000  # --data text files longer than this become several documents
 STDLIB_SKIP = {"site-packages", "dist-packages", "test", "tests", "idle_test", "__pycache__"}
 
 
@@ -91,9 +92,25 @@ def path_documents(path: str) -> list[Document]:
             text = f.read_text(encoding="utf-8")
         except UnicodeDecodeError as e:
             raise TrainArgumentError(f"--data file {str(f)!r} is not UTF-8 text: {e}") from e
-        if text:
-            docs.append(Document(f.relative_to(root).as_posix(), text))
+        name = f.relative_to(root).as_posix()
+        pieces = _pieces(text, PIECE_CHARS)
+        docs += [Document(name if len(pieces) == 1 else f"{name}#{i}", p) for i, p in enumerate(pieces)]
     return docs
+
+
+def _pieces(text: str, size: int) -> list[str]:
+    """`text` cut at line ends into pieces of about `size` characters (a long file, such as a single
+    corpus file, becomes many documents, so the split can hold some of it out)."""
+    pieces, current, length = [], [], 0
+    for line in text.splitlines(keepends=True):
+        current.append(line)
+        length += len(line)
+        if length >= size:
+            pieces.append("".join(current))
+            current, length = [], 0
+    if current:
+        pieces.append("".join(current))
+    return [p for p in pieces if p]
 
 
 def load_documents(data: list[str], text_column: str) -> tuple[list[Document], str]:
