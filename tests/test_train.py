@@ -17,7 +17,7 @@ from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoModelForMaskedLM, AutoModelForSeq2SeqLM, AutoTokenizer
 
 from swapformer.cli import main
-from swapformer.training.args import TrainArgs, TrainArgumentError
+from swapformer.training.args import TrainArgs, TrainArgumentError, flag
 from swapformer.training.data import BlockOrder, split_documents, stdlib_documents
 from swapformer.training.evaluation import load_metric, model_log_probs, target_counts, unigram_log_probs
 from swapformer.training.loop import TrainingDiverged, check_launch, check_run, train
@@ -62,26 +62,38 @@ def saved_tokenizer(tmp_path_factory, text_folder) -> pathlib.Path:
     return folder
 
 
+TINY_RUN = dict(
+    vocab_size=600,
+    seq_len=32,
+    batch_size=4,
+    max_steps=8,
+    lr=3e-3,
+    warmup_steps=1,
+    save_every=3,
+    eval_every=4,
+    max_train_chars=60_000,
+    max_val_chars=6_000,
+    val_fraction=0.15,
+)
+# subprocesses: one thread each, and CPU even where a GPU exists (they are compared with CPU runs)
+CPU_ENV = {**os.environ, "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""}
+
+
 def tiny_args(out: pathlib.Path, data: pathlib.Path | None, **overrides) -> TrainArgs:
-    base = dict(
-        output_dir=str(out),
-        data=[str(data)] if data is not None else [],
-        vocab_size=600,
-        seq_len=32,
-        batch_size=4,
-        max_steps=8,
-        lr=3e-3,
-        warmup_steps=1,
-        save_every=3,
-        eval_every=4,
-        max_train_chars=60_000,
-        max_val_chars=6_000,
-        val_fraction=0.15,
-        progress=False,
-    )
+    base = dict(TINY_RUN, output_dir=str(out), data=[str(data)] if data is not None else [], progress=False)
     options = {**TINY_MODEL, **overrides.pop("model_options", {})}
     base.update(overrides)
     return TrainArgs(model_options=options, **base)
+
+
+def tiny_argv(out: pathlib.Path, data: pathlib.Path, **overrides) -> list[str]:
+    """The command-line form of tiny_args."""
+    argv = ["train", "--output-dir", str(out), "--data", str(data), "--no-progress"]
+    for name, value in {**TINY_RUN, **overrides}.items():
+        argv += [flag(name), str(value)]
+    for name, value in TINY_MODEL.items():
+        argv += ["--set", f"{name}={value}"]
+    return argv
 
 
 def losses(out: pathlib.Path) -> list[tuple[int, float]]:
@@ -271,33 +283,26 @@ def test_resume_after_a_kill_reproduces_the_uninterrupted_run(tmp_path, text_fol
 
 
 def test_two_processes_follow_the_single_process_loss_curve(tmp_path, text_folder, report):
-    one = tmp_path / "one"
-    train(tiny_args(one, text_folder, grad_accum=2))  # global batch 4 x 2
-    two = tmp_path / "two"
-    argv = [
-        "--output-dir", str(two), "--data", str(text_folder), "--vocab-size", "600", "--seq-len", "32",
-        "--batch-size", "4", "--max-steps", "8", "--lr", "3e-3", "--warmup-steps", "1", "--save-every", "3",
-        "--eval-every", "4", "--max-train-chars", "60000", "--max-val-chars", "6000", "--val-fraction", "0.15",
-        "--no-progress",
-    ]  # fmt: skip
-    for k, v in TINY_MODEL.items():
-        argv += ["--set", f"{k}={v}"]
-    accelerate = pathlib.Path(sys.executable).with_name("accelerate")
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    command = [str(accelerate), "launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1"]
-    command += ["--mixed_precision", "no", "--dynamo_backend", "no", "-m", "swapformer", "train", *argv]
-    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr[-3000:]
-    metrics = json.loads((two / "metrics.json").read_text())
-    assert metrics["num_processes"] == 2 and metrics["global_batch"] == 8
+    one, two = tmp_path / "one", tmp_path / "two"
+    python_m = [sys.executable, "-m", "swapformer"]
+    accelerate = [str(pathlib.Path(sys.executable).with_name("accelerate")), "launch", "--multi_gpu"]
+    accelerate += ["--num_processes", "2", "--num_machines", "1", "--mixed_precision", "no"]
+    accelerate += ["--dynamo_backend", "no", "-m", "swapformer"]
+    # the same global batch of 8: 1 process x 4 rows x 2 accumulation, 2 processes x 4 rows
+    for command in (
+        python_m + tiny_argv(one, text_folder, grad_accum=2),
+        accelerate + tiny_argv(two, text_folder),
+    ):
+        done = subprocess.run(command, env=CPU_ENV, capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stderr[-3000:]
+    metrics = [json.loads((out / "metrics.json").read_text()) for out in (one, two)]
+    assert [(m["num_processes"], m["global_batch"]) for m in metrics] == [(1, 8), (2, 8)]
     a, b = losses(one), losses(two)
     assert [s for s, _ in a] == [s for s, _ in b] == list(range(1, 9))
     diff = max(abs(x - y) for (_, x), (_, y) in zip(a, b))
     report("1 process x 2 accumulation vs 2 processes: max |loss diff|", diff)
     assert diff <= 1e-5
-    assert metrics["val_perplexity"] == pytest.approx(
-        json.loads((one / "metrics.json").read_text())["val_perplexity"], rel=1e-4
-    )
+    assert metrics[1]["val_perplexity"] == pytest.approx(metrics[0]["val_perplexity"], rel=1e-4)
 
 
 def test_accelerate_launch_that_started_one_process_is_refused(monkeypatch):
@@ -419,15 +424,11 @@ def test_a_killed_process_resumes_onto_the_uninterrupted_curve(tmp_path, text_fo
     import time
 
     steps, every = 300, 5
-    argv = ["--data", str(text_folder), "--vocab-size", "600", "--seq-len", "32", "--batch-size", "4"]
-    argv += ["--max-steps", str(steps), "--lr", "3e-3", "--warmup-steps", "1", "--save-every", str(every)]
-    argv += ["--eval-every", "100", "--max-train-chars", "60000", "--max-val-chars", "6000"]
-    argv += ["--val-fraction", "0.15", "--no-progress"]
-    for k, v in TINY_MODEL.items():
-        argv += ["--set", f"{k}={v}"]
-    killed = tmp_path / "killed"
+    flags = dict(max_steps=steps, save_every=every, eval_every=100)
+    killed, reference = tmp_path / "killed", tmp_path / "reference"
+    command = [sys.executable, "-m", "swapformer", *tiny_argv(killed, text_folder, **flags)]
+    # on the device the in-process resume will use (one thread, as the in-process tests)
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    command = [sys.executable, "-m", "swapformer", "train", "--output-dir", str(killed), *argv]
     proc = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         deadline = time.time() + 120
@@ -444,10 +445,8 @@ def test_a_killed_process_resumes_onto_the_uninterrupted_curve(tmp_path, text_fo
             proc.kill()
     logged_before = losses(killed)[-1][0]
     assert logged_before < steps and not (killed / "model.safetensors").exists()
-    assert main(["train", "--output-dir", str(killed), *argv, "--resume"]) == 0
-
-    reference = tmp_path / "reference"
-    assert main(["train", "--output-dir", str(reference), *argv]) == 0
+    assert main([*tiny_argv(killed, text_folder, **flags), "--resume"]) == 0
+    assert main(tiny_argv(reference, text_folder, **flags)) == 0
     a, b = losses(reference), losses(killed)
     assert [s for s, _ in b] == list(range(1, steps + 1))
     diff = max(abs(x - y) for (_, x), (_, y) in zip(a, b))
@@ -457,22 +456,7 @@ def test_a_killed_process_resumes_onto_the_uninterrupted_curve(tmp_path, text_fo
 
 def test_a_diverging_learning_rate_stops_through_the_cli_with_a_clear_message(tmp_path, text_folder, capsys):
     out = tmp_path / "run"
-    argv = [
-        "train",
-        "--output-dir",
-        str(out),
-        "--data",
-        str(text_folder),
-        "--lr",
-        "1e4",
-        "--max-grad-norm",
-        "1e9",
-    ]
-    argv += ["--vocab-size", "600", "--seq-len", "32", "--batch-size", "4", "--max-steps", "30"]
-    argv += ["--warmup-steps", "0", "--max-train-chars", "60000", "--max-val-chars", "6000", "--no-progress"]
-    for k, v in TINY_MODEL.items():
-        argv += ["--set", f"{k}={v}"]
-    assert main(argv) == 1
+    assert main(tiny_argv(out, text_folder, lr=1e4, max_grad_norm=1e9, max_steps=30, warmup_steps=0)) == 1
     err = capsys.readouterr().err
     assert "training stopped at step" in err and "Lower --lr" in err, err
     assert not (out / "model.safetensors").exists()
