@@ -305,12 +305,18 @@ def test_two_processes_follow_the_single_process_loss_curve(tmp_path, text_folde
     assert metrics[1]["val_perplexity"] == pytest.approx(metrics[0]["val_perplexity"], rel=1e-4)
 
 
-def test_accelerate_launch_that_started_one_process_is_refused(monkeypatch):
+def test_launches_that_would_train_something_else_are_refused(monkeypatch):
+    args = TrainArgs().resolved()
     monkeypatch.delenv("WORLD_SIZE", raising=False)
     monkeypatch.setenv("ACCELERATE_MIXED_PRECISION", "no")
     monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
-    with pytest.raises(TrainArgumentError, match="--multi_gpu"):
-        check_launch()
+    with pytest.raises(TrainArgumentError, match="--multi_gpu"):  # asked for several, got one process
+        check_launch(args)
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    check_launch(args)
+    monkeypatch.setenv("ACCELERATE_MIXED_PRECISION", "bf16")  # the launcher's precision, not the run's
+    with pytest.raises(TrainArgumentError, match="--mixed-precision bf16"):
+        check_launch(args)
 
 
 def test_nan_loss_stops_the_run_and_keeps_the_last_good_checkpoint(tmp_path, text_folder):

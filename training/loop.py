@@ -117,16 +117,31 @@ def check_output_dir(args: TrainArgs) -> pathlib.Path | None:
     return None
 
 
-def check_launch() -> None:
-    """`accelerate launch --num_processes N` on a machine without GPUs starts ONE process (its simple
-    launcher; only --multi_gpu makes it run torchrun), which would train silently with a global batch N
-    times smaller than asked. Its trace: MASTER_ADDR set (N > 1) but no WORLD_SIZE."""
-    launched = "ACCELERATE_MIXED_PRECISION" in os.environ and "MASTER_ADDR" in os.environ
-    if launched and "WORLD_SIZE" not in os.environ and "OMPI_COMM_WORLD_SIZE" not in os.environ:
+def check_launch(args: TrainArgs) -> None:
+    """Refuse launches that would silently train something else than asked.
+
+    `accelerate launch --num_processes N` on a machine without GPUs starts ONE process (its simple
+    launcher; only --multi_gpu makes it run torchrun), with a global batch N times smaller than asked.
+    Its trace: MASTER_ADDR set (N > 1) but no WORLD_SIZE. And the launcher's --mixed_precision would be
+    overridden by this command's --mixed-precision, which training_args.json records."""
+    launched = os.environ.get("ACCELERATE_MIXED_PRECISION")
+    if launched is None:
+        return
+    if (
+        "MASTER_ADDR" in os.environ
+        and "WORLD_SIZE" not in os.environ
+        and "OMPI_COMM_WORLD_SIZE" not in os.environ
+    ):
         raise TrainArgumentError(
             "accelerate launch --num_processes started a single process: without GPUs, accelerate starts "
             "several only with --multi_gpu (torchrun; swapformer then trains on CPU with gloo). Run "
             "`accelerate launch --multi_gpu --num_processes N -m swapformer train ...`"
+        )
+    if launched != args.mixed_precision:
+        raise TrainArgumentError(
+            f"accelerate launch --mixed_precision {launched} differs from --mixed-precision "
+            f"{args.mixed_precision}; give swapformer train --mixed-precision {launched} (it is recorded with "
+            "the run's arguments)"
         )
 
 
@@ -248,7 +263,7 @@ def train(args: TrainArgs, *, step_hook=None) -> dict:
 
     start_time = time.time()
     args, options = check_run(args)
-    check_launch()
+    check_launch(args)
     resume_from = check_output_dir(args)
     out = pathlib.Path(args.output_dir)
 
