@@ -317,6 +317,9 @@ def test_launches_that_would_train_something_else_are_refused(monkeypatch):
     monkeypatch.setenv("ACCELERATE_MIXED_PRECISION", "bf16")  # the launcher's precision, not the run's
     with pytest.raises(TrainArgumentError, match="--mixed-precision bf16"):
         check_launch(args)
+    check_launch(TrainArgs(mixed_precision="bf16").resolved())
+    monkeypatch.setenv("ACCELERATE_MIXED_PRECISION", "no")  # the launcher's default
+    check_launch(TrainArgs(mixed_precision="bf16").resolved())
 
 
 def test_nan_loss_stops_the_run_and_keeps_the_last_good_checkpoint(tmp_path, text_folder):

@@ -122,8 +122,8 @@ def check_launch(args: TrainArgs) -> None:
 
     `accelerate launch --num_processes N` on a machine without GPUs starts ONE process (its simple
     launcher; only --multi_gpu makes it run torchrun), with a global batch N times smaller than asked.
-    Its trace: MASTER_ADDR set (N > 1) but no WORLD_SIZE. And the launcher's --mixed_precision would be
-    overridden by this command's --mixed-precision, which training_args.json records."""
+    Its trace: MASTER_ADDR set (N > 1) but no WORLD_SIZE. And a launcher --mixed_precision would be
+    overridden by this command's --mixed-precision (default "no"), which training_args.json records."""
     launched = os.environ.get("ACCELERATE_MIXED_PRECISION")
     if launched is None:
         return
@@ -137,7 +137,7 @@ def check_launch(args: TrainArgs) -> None:
             "several only with --multi_gpu (torchrun; swapformer then trains on CPU with gloo). Run "
             "`accelerate launch --multi_gpu --num_processes N -m swapformer train ...`"
         )
-    if launched != args.mixed_precision:
+    if launched not in ("no", args.mixed_precision):  # "no" is also the launcher's default: not a choice
         raise TrainArgumentError(
             f"accelerate launch --mixed_precision {launched} differs from --mixed-precision "
             f"{args.mixed_precision}; give swapformer train --mixed-precision {launched} (it is recorded with "
