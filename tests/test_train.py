@@ -491,3 +491,37 @@ def test_every_preset_builds_for_every_architecture(preset, arch):
     assert args.max_steps > args.warmup_steps and options["hidden_size"] % options["num_attention_heads"] == 0
     needed = SpanCorruption.lengths_for(args)["encoder input"] if arch == "encoder-decoder" else args.seq_len
     assert options["max_position_embeddings"] == needed
+
+
+REMOTE_SCRIPT = """
+import json, sys
+sys.modules["swapformer"] = None  # as on a machine with only torch and transformers
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+model = AutoModelForCausalLM.from_pretrained(sys.argv[1], trust_remote_code=True).eval()
+tokenizer = AutoTokenizer.from_pretrained(sys.argv[1])
+ids = tokenizer("def main():", return_tensors="pt").input_ids
+out = model.generate(ids, max_new_tokens=6, min_new_tokens=6, do_sample=False)
+print("RESULT " + json.dumps({"class": type(model).__module__, "ids": out[0].tolist()}))
+"""
+
+
+def test_the_trained_folder_generates_with_remote_code_where_swapformer_is_absent(tmp_path, text_folder):
+    out = tmp_path / "run"
+    train(tiny_args(out, text_folder))
+    done = subprocess.run(
+        [sys.executable, "-c", REMOTE_SCRIPT, str(out)],
+        env=CPU_ENV,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(done.stdout.split("RESULT ", 1)[1])
+    assert result["class"].startswith("transformers_modules")  # the folder's own code ran
+    model = AutoModelForCausalLM.from_pretrained(out).eval()  # swapformer's registered class, here
+    tokenizer = AutoTokenizer.from_pretrained(out)
+    ids = tokenizer("def main():", return_tensors="pt").input_ids
+    assert (
+        model.generate(ids, max_new_tokens=6, min_new_tokens=6, do_sample=False)[0].tolist() == result["ids"]
+    )
