@@ -368,6 +368,7 @@ def test_a_folder_holding_another_run_is_not_overwritten(tmp_path, text_folder, 
         (["--data", "/no/such/path"], "--data"),
         (["--seq-len", "128", "--set", "max_position_embeddings=64"], "--seq-len"),
         (["--set", "no_such_field=1"], "--set"),
+        (["--set", "eos_token_id=3"], "come from the tokenizer"),
         (["--arch", "encoder", "--set", "decoder_layers=2"], "--arch encoder"),
         (["--set", "num_attention_heads=5"], "num_attention_heads"),
         (["--arch", "encoder", "--attn", "flash_attention_2"], "flash_attention_2"),
@@ -425,6 +426,13 @@ def test_cli_single_text_file_config_file_and_set_flags_reach_the_saved_model(tm
     assert config["hidden_size"] == 32 and config["num_hidden_layers"] == 1  # --set wins over --config
     assert config["max_position_embeddings"] == 32  # sized to --seq-len
     assert json.loads((out / "training_args.json").read_text())["model_options"]["hidden_size"] == 32
+    # a saved config.json works as --config (its vocabulary is left to the new run's tokenizer)
+    again = tmp_path / "again"
+    argv = tiny_argv(again, text_folder, max_steps=1, vocab_size=700, warmup_steps=0)
+    assert main([*argv, "--config", str(out / "config.json"), "--set", "num_hidden_layers=1"]) == 0
+    config_again = json.loads((again / "config.json").read_text())
+    assert config_again["vocab_size"] == len(AutoTokenizer.from_pretrained(again)) != config["vocab_size"]
+    assert config_again["position_embedding_type"] == "alibi" and config_again["num_key_value_heads"] == 2
 
 
 def test_a_killed_process_resumes_onto_the_uninterrupted_curve(tmp_path, text_folder, report):

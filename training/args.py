@@ -73,6 +73,8 @@ MODEL_DEFAULTS = dict(
     mlp_bias=False,
     hidden_dropout=0.0,
 )
+# Config fields the tokenizer decides.
+TOKENIZER_FIELDS = ("vocab_size", "pad_token_id", "bos_token_id", "eos_token_id", "decoder_start_token_id")
 # Training arguments that may differ between a run and its resumption.
 RESUME_FREE = frozenset({"resume", "overwrite", "stop_after", "progress"})
 
@@ -189,8 +191,9 @@ def model_options(args: TrainArgs) -> dict:
             raise TrainArgumentError(f"--config {args.config!r} is not valid JSON: {e}") from e
         if not isinstance(loaded, dict):
             raise TrainArgumentError(f"--config {args.config!r} must hold a JSON object of config fields")
-        # a config.json written by save_pretrained carries bookkeeping keys: keep only config fields
-        known = config_fields()
+        # a config.json written by save_pretrained carries bookkeeping keys and the vocabulary of its
+        # tokenizer: keep only config fields, and leave the vocabulary to this run's tokenizer
+        known = config_fields() - set(TOKENIZER_FIELDS)
         options.update({k: v for k, v in loaded.items() if k in known})
     options.update(args.model_options)
     return options
@@ -258,9 +261,10 @@ def validate(args: TrainArgs) -> None:
             raise TrainArgumentError(f"--set {name}=...: {name!r} is not a config field")
         if name not in own:
             raise TrainArgumentError(f"--set {name}=...: {name!r} is not a field of --arch {args.arch}")
-        if name == "vocab_size":
+        if name in TOKENIZER_FIELDS:
             raise TrainArgumentError(
-                "--set vocab_size=...: the vocabulary comes from the tokenizer; use --vocab-size"
+                f"--set {name}=...: the vocabulary and its special tokens come from the tokenizer "
+                "(--vocab-size, --tokenizer)"
             )
 
 
