@@ -82,8 +82,8 @@ def build(name):
     torch.manual_seed(0)
     make_hf, ours_class = families()[name]
     hf = make_hf().eval()
-    # BART forces EOS as the last token; the same decoding rule for both (the conversion does not
-    # carry generation settings yet).
+    # BART forces EOS as the last token; the same decoding rule for both (an in-memory copy of the
+    # weights carries no generation settings; folder conversion copies generation_config.json).
     hf.generation_config.forced_eos_token_id = None
     ours = from_hf_model(hf, ours_class)
     ours.set_attn_implementation("sdpa")
