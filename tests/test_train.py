@@ -435,10 +435,38 @@ def test_cli_single_text_file_config_file_and_set_flags_reach_the_saved_model(tm
     assert config_again["position_embedding_type"] == "alibi" and config_again["num_key_value_heads"] == 2
 
 
+def wait_for_step(proc: subprocess.Popen, out: pathlib.Path, step: int) -> None:
+    """Poll the run's metrics.jsonl until it has logged `step` (the run must still be going)."""
+    import time
+
+    deadline = time.time() + 120
+    while time.time() < deadline and proc.poll() is None:
+        logged = losses(out) if (out / "metrics.jsonl").exists() else []
+        if logged and logged[-1][0] >= step:
+            break
+        time.sleep(0.01)
+    assert proc.poll() is None, "the run ended before it could be interrupted"
+
+
+def test_ctrl_c_ends_the_run_with_the_resume_hint(tmp_path, text_folder):
+    import signal
+
+    out = tmp_path / "run"
+    command = [sys.executable, "-m", "swapformer", *tiny_argv(out, text_folder, max_steps=300)]
+    proc = subprocess.Popen(command, env=CPU_ENV, stderr=subprocess.PIPE, text=True)
+    try:
+        wait_for_step(proc, out, 4)
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130 and "--resume" in err, err
+
+
 def test_a_killed_process_resumes_onto_the_uninterrupted_curve(tmp_path, text_folder, report):
     """SIGKILL a real `python -m swapformer train` between checkpoints, resume it, compare."""
     import signal
-    import time
 
     steps, every = 300, 5
     flags = dict(max_steps=steps, save_every=every, eval_every=100)
@@ -448,13 +476,7 @@ def test_a_killed_process_resumes_onto_the_uninterrupted_curve(tmp_path, text_fo
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     proc = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        deadline = time.time() + 120
-        while time.time() < deadline and proc.poll() is None:
-            logged = losses(killed) if (killed / "metrics.jsonl").exists() else []
-            if logged and logged[-1][0] >= 2 * every + 2:  # past the checkpoint at 2 * every
-                break
-            time.sleep(0.01)
-        assert proc.poll() is None, "the run ended before it could be killed"
+        wait_for_step(proc, killed, 2 * every + 2)  # past the checkpoint at 2 * every
         proc.send_signal(signal.SIGKILL)
         proc.wait()
     finally:

@@ -162,12 +162,12 @@ def add_subcommand(subparsers) -> None:
 
 
 def _train(ns: argparse.Namespace) -> int:
+    from .loop import TrainingDiverged, train
+
     values = {k: v for k, v in vars(ns).items() if k not in ("func", "command")}
     try:
         values["model_options"] = dict(parse_option(o) for o in values["model_options"])
         args = TrainArgs(**values)
-        from .loop import TrainingDiverged, train
-
         metrics = train(args)
     except TrainArgumentError as e:
         print(f"swapformer train: error: {e}", file=sys.stderr)
@@ -175,6 +175,13 @@ def _train(ns: argparse.Namespace) -> int:
     except TrainingDiverged as e:
         print(f"swapformer train: {e}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:
+        print(
+            f"swapformer train: interrupted; continue from the last checkpoint with the same arguments and "
+            f"--resume (output: {values['output_dir']})",
+            file=sys.stderr,
+        )
+        return 130
     if "stopped_at" in metrics:
         print(f"stopped after step {metrics['stopped_at']} (--stop-after)")
     elif metrics:  # the main process reports
