@@ -251,6 +251,29 @@ def build_model(args: TrainArgs, options: dict, tokenizer):
     return model.train()
 
 
+def make_optimizer(model: torch.nn.Module, args: TrainArgs) -> torch.optim.AdamW:
+    return torch.optim.AdamW(
+        param_groups(model, args.weight_decay),
+        lr=args.lr,
+        betas=(args.adam_beta1, args.adam_beta2),
+        eps=args.adam_eps,
+    )
+
+
+def restore(accelerator, checkpoint: pathlib.Path, fresh_state: dict) -> dict:
+    """Load an Accelerate checkpoint (weights, optimizer, scheduler, RNG) and return its trainer state,
+    after checking that the data and the global batch are those it was trained with."""
+    saved = json.loads((checkpoint / STATE_FILE).read_text())
+    if (saved["data"], saved["global_batch"]) != (fresh_state["data"], fresh_state["global_batch"]):
+        raise TrainArgumentError(
+            f"--resume: the training data or the global batch changed since {checkpoint} (data "
+            f"{saved['data']} -> {fresh_state['data']}, global batch {saved['global_batch']} -> "
+            f"{fresh_state['global_batch']})"
+        )
+    accelerator.load_state(str(checkpoint))
+    return saved
+
+
 def train(args: TrainArgs, *, step_hook=None) -> dict:
     """Run `swapformer train`; returns the final metrics (or {"stopped_at": step} for --stop-after).
 
@@ -287,13 +310,7 @@ def train(args: TrainArgs, *, step_hook=None) -> dict:
 
     model = build_model(args, options, data.tokenizer)
     num_parameters = sum(p.numel() for p in model.parameters())
-    optimizer = torch.optim.AdamW(
-        param_groups(model, args.weight_decay),
-        lr=args.lr,
-        betas=(args.adam_beta1, args.adam_beta2),
-        eps=args.adam_eps,
-    )
-    model, optimizer = accelerator.prepare(model, optimizer)
+    model, optimizer = accelerator.prepare(model, make_optimizer(model, args))
     # Not prepared: a prepared scheduler steps once per process per optimizer step.
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(args))
     accelerator.register_for_checkpointing(scheduler)
@@ -302,18 +319,10 @@ def train(args: TrainArgs, *, step_hook=None) -> dict:
     state = {"step": 0, "history": [], "evals": [], "train_seconds": 0.0}
     state.update(data=data_mod.fingerprint(data.train_blocks), global_batch=global_batch)
     if resume_from is not None:
-        saved = json.loads((resume_from / STATE_FILE).read_text())
-        if (saved["data"], saved["global_batch"]) != (state["data"], global_batch):
-            raise TrainArgumentError(
-                f"--resume: the training data or the global batch changed since {resume_from} "
-                f"(data {saved['data']} -> {state['data']}, global batch {saved['global_batch']} -> {global_batch})"
-            )
-        accelerator.load_state(str(resume_from))
-        state = saved
+        state = restore(accelerator, resume_from, state)
     metrics_file = out / "metrics.jsonl"
-    if (
-        accelerator.is_main_process
-    ):  # the log holds exactly the steps the state knows (a resume drops the lost ones)
+    # the log holds exactly the steps the state knows (a resume drops those redone)
+    if accelerator.is_main_process:
         metrics_file.write_text("".join(json.dumps(r) + "\n" for r in _log_records(state)))
         if tracker:
             accelerator.init_trackers("runs", config={k: str(v) for k, v in args.to_json().items()})
