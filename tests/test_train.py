@@ -555,3 +555,16 @@ def test_the_trained_folder_generates_with_remote_code_where_swapformer_is_absen
     assert (
         model.generate(ids, max_new_tokens=6, min_new_tokens=6, do_sample=False)[0].tolist() == result["ids"]
     )
+
+
+def test_resume_refuses_data_that_changed_since_the_checkpoint(tmp_path, text_folder):
+    import shutil
+
+    data = tmp_path / "data"
+    shutil.copytree(text_folder, data)
+    out = tmp_path / "run"
+    train(tiny_args(out, data, stop_after=4))
+    first = sorted(data.glob("*.txt"))[0]
+    first.write_text(first.read_text().replace("def ", "fed "))
+    with pytest.raises(TrainArgumentError, match="training data or the global batch changed"):
+        train(tiny_args(out, data, resume="latest"))
