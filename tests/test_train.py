@@ -210,9 +210,10 @@ def test_each_architecture_trains_and_writes_a_hub_ready_folder(arch, tmp_path, 
     out = tmp_path / "run"
     if arch == "encoder":  # also: another backend, activation checkpointing
         extra = dict(attn="eager", gradient_checkpointing=True)
-    if arch == "decoder":  # also: the block-sparse backend on a sliding-window layer
+    if arch == "decoder":  # also: a backend per layer type, block-sparse on a sliding-window layer
         layers = ["sliding_attention", "full_attention"]
-        extra = dict(attn="sparse", model_options=dict(sliding_window=8, layer_types=layers))
+        attn = json.dumps({"sliding_attention": "sparse", "full_attention": "sdpa"})
+        extra = dict(attn=attn, model_options=dict(sliding_window=8, layer_types=layers))
     metrics = train(tiny_args(out, data, arch=arch, **extra))
 
     for name in (
@@ -239,6 +240,8 @@ def test_each_architecture_trains_and_writes_a_hub_ready_folder(arch, tmp_path, 
     # the model card carries the real numbers, in the text and in the Hub metadata
     card = ModelCard.load(out / "README.md")
     assert card.data.library_name == "transformers"
+    if arch == "decoder":
+        assert {"attn-sparse", "attn-sdpa"} <= set(card.data.tags)
     assert card.data.eval_results[0].metric_type == "perplexity"
     assert card.data.eval_results[0].metric_value == round(metrics["val_perplexity"], 4)
     assert f"| {metrics['val_perplexity']:.2f} |" in card.text
@@ -364,6 +367,8 @@ def test_a_folder_holding_another_run_is_not_overwritten(tmp_path, text_folder, 
     "argv, named",
     [
         (["--attn", "nosuch"], "--attn"),
+        (["--attn", '{"nosuch_attention": "sdpa"}'], "--attn"),
+        (["--attn", '{"full_attention": "sdpa"', "--set", "num_hidden_layers=1"], "--attn"),
         (["--batch-size", "0"], "--batch-size"),
         (["--data", "/no/such/path"], "--data"),
         (["--seq-len", "128", "--set", "max_position_embeddings=64"], "--seq-len"),

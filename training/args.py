@@ -14,7 +14,7 @@ import os
 from dataclasses import dataclass, field
 
 from ..configuration import DecoderConfig, EncoderConfig, Seq2SeqConfig
-from ..configuration.backends import check_backend_name
+from ..configuration.backends import check_backend_name, check_layer_backends
 
 ARCHS = ("decoder", "encoder", "encoder-decoder")
 CONFIG_CLASSES = {"decoder": DecoderConfig, "encoder": EncoderConfig, "encoder-decoder": Seq2SeqConfig}
@@ -205,7 +205,11 @@ def validate(args: TrainArgs) -> None:
     if args.arch not in ARCHS:
         raise TrainArgumentError(f"--arch {args.arch!r} is unknown; choose one of {', '.join(ARCHS)}")
     try:
-        check_backend_name(args.attn)
+        choice = attn_choice(args.attn)
+        if isinstance(choice, dict):
+            check_layer_backends(choice, None)
+        else:
+            check_backend_name(choice)
     except ValueError as e:
         raise TrainArgumentError(f"--attn: {e}") from e
     positive = (
@@ -266,6 +270,27 @@ def validate(args: TrainArgs) -> None:
                 f"--set {name}=...: the vocabulary and its special tokens come from the tokenizer "
                 "(--vocab-size, --tokenizer)"
             )
+
+
+def attn_choice(attn: str) -> str | dict:
+    """--attn as transformers takes it: a backend name, or a JSON {layer type: backend} mapping."""
+    if not attn.lstrip().startswith("{"):
+        return attn
+    try:
+        mapping = json.loads(attn)
+    except json.JSONDecodeError as e:
+        raise ValueError(
+            f"{attn!r} is neither a backend name nor a JSON {{layer type: backend}} mapping: {e}"
+        ) from e
+    if not isinstance(mapping, dict):
+        raise ValueError(f"{attn!r} must be a JSON object")
+    return mapping
+
+
+def attn_backends(attn: str) -> set[str]:
+    """The backend names --attn uses."""
+    choice = attn_choice(attn)
+    return set(choice.values()) if isinstance(choice, dict) else {choice}
 
 
 def flag(name: str) -> str:

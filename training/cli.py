@@ -42,7 +42,7 @@ def add_subcommand(subparsers) -> None:
     what.add_argument(
         "--attn",
         default=d.attn,
-        help="attention backend: eager, sdpa, sparse, flex_attention, ... (default: %(default)s)",
+        help='attention backend: eager, sdpa, sparse, ..., or a JSON {layer type: backend} mapping such as \'{"sliding_attention": "sparse", "full_attention": "sdpa"}\' (default: %(default)s)',
     )
     what.add_argument("--config", help="JSON file of config fields (a saved config.json works)")
     what.add_argument(

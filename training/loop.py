@@ -29,7 +29,15 @@ import torch
 from ..configuration import BACKENDS
 from ..modeling import DecoderForCausalLM, EncoderForMaskedLM, Seq2SeqForConditionalGeneration
 from . import data as data_mod
-from .args import CONFIG_CLASSES, TrainArgs, TrainArgumentError, model_options, validate
+from .args import (
+    CONFIG_CLASSES,
+    TrainArgs,
+    TrainArgumentError,
+    attn_backends,
+    attn_choice,
+    model_options,
+    validate,
+)
 from .evaluation import model_log_probs, perplexity, target_counts, unigram_log_probs
 from .objectives import SpanCorruption, make_objective
 from .report import hardware, plot_loss_curve, write_model_card
@@ -69,14 +77,16 @@ def check_run(args: TrainArgs) -> tuple[TrainArgs, dict]:
     try:  # build the model once on the meta device: checks every option, the backend and its package
         config = CONFIG_CLASSES[args.arch](**options, vocab_size=args.vocab_size or 32000)
         with torch.device("meta"):
-            MODEL_CLASSES[args.arch]._from_config(config, attn_implementation=args.attn)
+            MODEL_CLASSES[args.arch]._from_config(config, attn_implementation=attn_choice(args.attn))
     except (TypeError, ValueError, ImportError) as e:
         raise TrainArgumentError(f"model options (--config/--set/--attn): {e}") from e
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    if device not in BACKENDS[args.attn].backward:
+    for backend in sorted(attn_backends(args.attn)):
+        if device in BACKENDS[backend].backward:
+            continue
         trainable = [n for n, c in BACKENDS.items() if device in c.backward]
         raise TrainArgumentError(
-            f"--attn {args.attn!r} has no backward pass on {device}, so it cannot train here; use one of "
+            f"--attn {backend!r} has no backward pass on {device}, so it cannot train here; use one of "
             f"{', '.join(map(repr, trainable))} (and switch backends after training with set_attn_implementation)"
         )
     return args, options
@@ -244,7 +254,7 @@ def build_model(args: TrainArgs, options: dict, tokenizer):
         **({"decoder_start_token_id": tokenizer.bos_token_id} if args.arch == "encoder-decoder" else {}),
     )
     torch.manual_seed(args.seed)
-    model = MODEL_CLASSES[args.arch]._from_config(config, attn_implementation=args.attn)
+    model = MODEL_CLASSES[args.arch]._from_config(config, attn_implementation=attn_choice(args.attn))
     if args.gradient_checkpointing:
         # non-reentrant: the variant that works under DDP and with inputs that need no gradient
         model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})

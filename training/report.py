@@ -7,7 +7,7 @@ import platform
 import torch
 
 from ..hub_cards.render import render_model_card
-from .args import TrainArgs
+from .args import TrainArgs, attn_backends
 
 ARCH_TEXT = {
     "decoder": ("A causal decoder", "causal language modelling", "text-generation", "AutoModelForCausalLM"),
@@ -83,7 +83,12 @@ def write_model_card(path: str, *, args: TrainArgs, model, metrics: dict, corpus
         dataset_name=corpus_name,
         task_type=pipeline_tag,
         pipeline_tag=pipeline_tag,
-        tags=["swapformer", args.arch, "custom_code", f"attn-{args.attn}", "pretrained-from-scratch"],
+        tags=[
+            "swapformer",
+            args.arch,
+            "custom_code",
+            *(f"attn-{b}" for b in sorted(attn_backends(args.attn))),
+        ],
         results={"perplexity": metrics["val_perplexity"]},
         arch_description=arch_text,
         objective=objective,
