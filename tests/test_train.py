@@ -192,6 +192,23 @@ def test_span_corruption_hides_spans_that_the_target_restores(saved_tokenizer):
         assert restored == original
 
 
+def test_masked_lm_chooses_15_percent_and_replaces_80_10_10(saved_tokenizer):
+    tokenizer = AutoTokenizer.from_pretrained(saved_tokenizer)
+    objective = make_objective(tokenizer, TrainArgs(arch="encoder").resolved())
+    blocks = torch.randint(200, 500, (400, 100), generator=torch.Generator().manual_seed(0))
+    batch = objective(blocks, torch.Generator().manual_seed(1))
+    chosen = batch["labels"] != -100
+    assert torch.equal(batch["labels"][chosen], blocks[chosen])
+    assert torch.equal(batch["input_ids"][~chosen], blocks[~chosen])  # the rest is untouched
+    inputs = batch["input_ids"][chosen]
+    masked = (inputs == tokenizer.mask_token_id).float().mean().item()
+    kept = (inputs == blocks[chosen]).float().mean().item()  # includes random draws of the same token
+    special = set(tokenizer.all_special_ids)
+    assert not any(int(t) in special for t in inputs[(inputs != tokenizer.mask_token_id)])
+    assert abs(chosen.float().mean().item() - 0.15) < 0.01
+    assert abs(masked - 0.8) < 0.02 and abs(kept - 0.1) < 0.02 and abs(1 - masked - kept - 0.1) < 0.02
+
+
 # End to end per architecture ---------------------------------------------------------------------------
 
 
