@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from safetensors.torch import save_file
 from transformers import DynamicCache, LogitsProcessor, LogitsProcessorList
 
 import swapformer
@@ -313,17 +314,22 @@ def test_static_cache_generates_what_the_dynamic_cache_does(arch, attn):
 
 @pytest.mark.parametrize("tied", [False, True])
 def test_decoding_layout_changes_strides_only(tied, tmp_path):
-    """generate() stores the LM head input-major (a faster matrix-vector product on CPU); the
+    """generate() stores wide matrices input-major (faster matrix-vector products on CPU); the
     function, the tying, state dicts, saving and training are unaffected."""
     model = lm("decoder", position_embedding_type="rope", tie_word_embeddings=tied)
     ids, mask = prompts("decoder")
     with torch.no_grad():
         before = model(ids, attention_mask=mask).logits
     model.generate(ids, attention_mask=mask, max_new_tokens=2, pad_token_id=0)
-    head = model.lm_head.weight
-    assert not head.is_contiguous() and head.shape == (97, 32)
+    head, up = model.lm_head.weight, model.model.layers[0].mlp.up_proj.weight
+    assert not head.is_contiguous() and not up.is_contiguous() and head.shape == (97, 32)
+    assert model.model.layers[0].mlp.down_proj.weight.is_contiguous()  # narrow: left as is
     assert (head is model.model.embed_tokens.weight) == tied
     assert all(t.is_contiguous() for t in model.state_dict().values())
+    if (
+        not tied
+    ):  # safetensors refuses non-contiguous (and shared) tensors: what Accelerate's save_state writes
+        save_file(model.state_dict(), tmp_path / "raw.safetensors")
     with torch.no_grad():
         assert max_diff(model(ids, attention_mask=mask).logits, before) <= 1e-5
     model.save_pretrained(tmp_path)
