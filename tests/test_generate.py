@@ -131,7 +131,7 @@ def test_gqa_caches_hold_only_the_kv_heads(arch, kv_heads):
     out = model.generate(
         ids, attention_mask=mask, max_new_tokens=3, pad_token_id=0, return_dict_in_generate=True
     )
-    cache = out.past_key_values
+    cache = out.cache
     caches = [cache] if arch == "decoder" else [cache.self_attention_cache, cache.cross_attention_cache]
     for c in caches:
         for layer in c.layers:
@@ -179,7 +179,7 @@ def test_windowed_caches_stop_growing_past_the_window(layer_type, attn):
         min_new_tokens=new,
         pad_token_id=0,
         return_dict_in_generate=True,
-    ).past_key_values
+    ).cache
     total = ids.shape[1] + new - 1  # the last token is generated but never fed back
     kept = {
         "full_attention": total,
@@ -225,7 +225,7 @@ def test_prompt_global_attention_mask_in_generate():
             ref = model(prefix, attention_mask=prefix_mask, global_attention_mask=prefix_marks).logits[:, -1]
         diffs.append(max_diff(logits, ref))
     assert max(diffs) <= TOLERANCE
-    assert out.past_key_values.layers[0].keys.shape[-2] == 7 + WINDOW - 1  # tokens 0..6, then the window
+    assert out.cache.layers[0].keys.shape[-2] == 7 + WINDOW - 1  # tokens 0..6, then the window
 
 
 def test_global_token_after_the_cache_dropped_keys_is_refused():
@@ -339,3 +339,36 @@ def test_decoding_layout_changes_strides_only(tied, tmp_path):
     model.train()
     model(ids, attention_mask=mask, labels=ids).loss.backward()
     assert head.grad.shape == head.shape and bool(head.grad.abs().sum() > 0)
+
+
+@pytest.mark.parametrize("attn", ["sdpa", "sparse"])
+@pytest.mark.parametrize("arch", ["decoder", "seq2seq"])
+def test_beam_search_on_the_window_and_global_cache(arch, attn):
+    """Beam reordering of a cache that has dropped keys: still the uncached logits at every step."""
+    options = dict(
+        layer_types=["sliding_global_attention", "full_attention"],
+        sliding_window=3,
+        global_tokens=2,
+        attention_block_size=4,
+        position_embedding_type="rope",
+    )
+    if arch == "seq2seq":
+        options["decoder_layer_types"] = options["layer_types"]
+    model = lm(arch, attn, **options)
+    ids, mask = prompts(arch, length=9)
+    reference = UncachedReference(model, ids, mask, beams=3)
+    out = model.generate(
+        ids,
+        attention_mask=mask,
+        num_beams=3,
+        do_sample=False,
+        max_new_tokens=12,
+        min_new_tokens=12,
+        pad_token_id=0,
+        logits_processor=LogitsProcessorList([reference]),
+        return_dict_in_generate=True,
+    )
+    assert len(reference.diffs) == 12 and max(reference.diffs) <= TOLERANCE
+    cache = getattr(out.cache, "self_attention_cache", out.cache)
+    # decoder: leading tokens up to row 2's second real token (index 5), then the window; seq2seq: 2 + 2
+    assert cache.layers[0].keys.shape[-2] == (6 + 2 if arch == "decoder" else 2 + 2)
