@@ -393,6 +393,7 @@ def test_a_folder_holding_another_run_is_not_overwritten(tmp_path, text_folder, 
         (["--set", "eos_token_id=3"], "come from the tokenizer"),
         (["--arch", "encoder", "--set", "decoder_layers=2"], "--arch encoder"),
         (["--set", "num_attention_heads=5"], "num_attention_heads"),
+        (["--push-to-hub", "not a repo id!"], "--push-to-hub 'not a repo id!' is not a Hub repo id"),
         (["--arch", "encoder", "--attn", "flash_attention_2"], "flash_attention_2"),
         pytest.param(
             ["--attn", "flex_attention"],
@@ -590,3 +591,66 @@ def test_resume_refuses_data_that_changed_since_the_checkpoint(tmp_path, text_fo
     first.write_text(first.read_text().replace("def ", "fed "))
     with pytest.raises(TrainArgumentError, match="training data or the global batch changed"):
         train(tiny_args(out, data, resume="latest"))
+
+
+@pytest.fixture
+def hub_recorder(monkeypatch):
+    """HfApi.create_repo and upload_folder replaced by recorders (no network here); the recorder
+    applies upload_folder's own ignore filter to list what would be uploaded."""
+    from types import SimpleNamespace
+
+    from huggingface_hub import HfApi
+    from huggingface_hub.utils import filter_repo_objects
+
+    calls = {}
+
+    def create_repo(self, repo_id, *, private=False, exist_ok=False, **kwargs):
+        calls["create_repo"] = dict(repo_id=repo_id, private=private, exist_ok=exist_ok)
+
+    def upload_folder(self, *, repo_id, folder_path, ignore_patterns=None, **kwargs):
+        if calls.get("fail"):
+            raise OSError("401 Unauthorized")
+        files = [
+            p.relative_to(folder_path).as_posix() for p in pathlib.Path(folder_path).rglob("*") if p.is_file()
+        ]
+        calls["files"] = files
+        calls["uploaded"] = sorted(filter_repo_objects(files, ignore_patterns=ignore_patterns))
+        return SimpleNamespace(commit_url=f"https://huggingface.co/{repo_id}/commit/0123abc")
+
+    monkeypatch.setattr(HfApi, "create_repo", create_repo)
+    monkeypatch.setattr(HfApi, "upload_folder", upload_folder)
+    return calls
+
+
+def test_push_to_hub_uploads_the_folder_but_not_the_checkpoints(tmp_path, text_folder, hub_recorder, capsys):
+    out = tmp_path / "run"
+    assert main([*tiny_argv(out, text_folder), "--push-to-hub", "me/tiny-run", "--hub-private"]) == 0
+    assert hub_recorder["create_repo"] == dict(repo_id="me/tiny-run", private=True, exist_ok=True)
+    uploaded = hub_recorder["uploaded"]
+    for name in (
+        "config.json",
+        "model.safetensors",
+        "tokenizer.json",
+        "README.md",
+        "loss_curve.png",
+        ".gitignore",
+    ):
+        assert name in uploaded, name
+    assert any(
+        f.startswith("checkpoints/") for f in hub_recorder["files"]
+    )  # there was something to leave out
+    assert not any(f.startswith("checkpoints/") for f in uploaded)
+    assert "uploaded to https://huggingface.co/me/tiny-run/commit/0123abc" in capsys.readouterr().out
+    assert (out / ".gitignore").read_text() == "checkpoints/\n"
+
+
+def test_a_failed_upload_says_so_and_keeps_the_folder(tmp_path, text_folder, hub_recorder, capsys):
+    hub_recorder["fail"] = True
+    out = tmp_path / "run"
+    assert main([*tiny_argv(out, text_folder), "--push-to-hub", "me/tiny-run"]) == 1
+    err = capsys.readouterr().err
+    assert (
+        "is complete, but uploading it to 'me/tiny-run' failed (401 Unauthorized)" in err
+        and "upload_folder(" in err
+    )
+    assert AutoModelForCausalLM.from_pretrained(out) is not None

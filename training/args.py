@@ -76,7 +76,7 @@ MODEL_DEFAULTS = dict(
 # Config fields the tokenizer decides.
 TOKENIZER_FIELDS = ("vocab_size", "pad_token_id", "bos_token_id", "eos_token_id", "decoder_start_token_id")
 # Training arguments that may differ between a run and its resumption.
-RESUME_FREE = frozenset({"resume", "overwrite", "stop_after", "progress"})
+RESUME_FREE = frozenset({"resume", "overwrite", "stop_after", "progress", "push_to_hub", "hub_private"})
 
 
 class TrainArgumentError(ValueError):
@@ -124,6 +124,8 @@ class TrainArgs:
     resume: str | None = None
     overwrite: bool = False
     progress: bool = True
+    push_to_hub: str | None = None  # a Hub repo id the finished folder is uploaded to
+    hub_private: bool = False
     stop_after: int | None = None  # test hook: end as if killed after this step (no save)
 
     def resolved(self) -> TrainArgs:
@@ -212,6 +214,15 @@ def validate(args: TrainArgs) -> None:
             check_backend_name(choice)
     except ValueError as e:
         raise TrainArgumentError(f"--attn: {e}") from e
+    if args.push_to_hub is not None:
+        from huggingface_hub.utils import HFValidationError, validate_repo_id
+
+        try:
+            validate_repo_id(args.push_to_hub)
+        except HFValidationError as e:
+            raise TrainArgumentError(
+                f"--push-to-hub {args.push_to_hub!r} is not a Hub repo id (user-or-org/name): {e}"
+            ) from e
     positive = (
         "seq_len",
         "batch_size",

@@ -157,11 +157,18 @@ def add_subcommand(subparsers) -> None:
     )
     run.add_argument("--overwrite", action="store_true", help="replace a previous run in --output-dir")
     run.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
+    run.add_argument(
+        "--push-to-hub",
+        metavar="REPO_ID",
+        help="upload the finished folder to this Hub repo (created if missing; checkpoints/ left out)",
+    )
+    run.add_argument("--hub-private", action="store_true", help="create the --push-to-hub repo private")
     run.add_argument("--stop-after", type=int, help=argparse.SUPPRESS)  # test hook: end as if killed
     p.set_defaults(func=_train)
 
 
 def _train(ns: argparse.Namespace) -> int:
+    from .hub import HubPushError
     from .loop import TrainingDiverged, train
 
     values = {k: v for k, v in vars(ns).items() if k not in ("func", "command")}
@@ -172,7 +179,7 @@ def _train(ns: argparse.Namespace) -> int:
     except TrainArgumentError as e:
         print(f"swapformer train: error: {e}", file=sys.stderr)
         return 2
-    except TrainingDiverged as e:
+    except (TrainingDiverged, HubPushError) as e:
         print(f"swapformer train: {e}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
@@ -191,4 +198,6 @@ def _train(ns: argparse.Namespace) -> int:
             f"{metrics['train_seconds']:.0f} s of training, {metrics['total_seconds']:.0f} s in all; "
             f"model in {args.output_dir}"
         )
+        if "hub_url" in metrics:
+            print(f"uploaded to {metrics['hub_url']}")
     return 0

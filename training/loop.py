@@ -39,6 +39,7 @@ from .args import (
     validate,
 )
 from .evaluation import model_log_probs, perplexity, target_counts, unigram_log_probs
+from .hub import HUB_IGNORE, push_folder
 from .objectives import SpanCorruption, make_objective
 from .report import hardware, plot_loss_curve, write_model_card
 from .tokenizer import load_tokenizer, train_tokenizer
@@ -408,6 +409,8 @@ def train(args: TrainArgs, *, step_hook=None) -> dict:
     accelerator.wait_for_everyone()
     if tracker:
         accelerator.end_training()
+    if accelerator.is_main_process and args.push_to_hub:  # after the barrier: an upload may take a while
+        metrics["hub_url"] = push_folder(out, args.push_to_hub, private=args.hub_private)
     return metrics
 
 
@@ -458,6 +461,8 @@ def write_folder(out, args, model, weights, data: RunData, state, final_eval, ru
     model.save_pretrained(out, state_dict=weights, safe_serialization=True)
     data.tokenizer.save_pretrained(out)
     (out / "metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
+    # git-based uploads leave the resume states out too (push_folder passes the same patterns)
+    (out / ".gitignore").write_text("".join(f"{pattern}\n" for pattern in HUB_IGNORE))
     plot_loss_curve(state["history"], state["evals"], str(out / "loss_curve.png"))
     write_model_card(
         str(out / "README.md"),
