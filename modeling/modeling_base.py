@@ -124,12 +124,13 @@ class SwapformerPreTrainedModel(PreTrainedModel):
 
 
 def use_decoding_layout(model: nn.Module) -> int:
-    """Store the wide matrices of `model`'s plain CPU `nn.Linear`s (more outputs than inputs: the
-    LM head, MLP up and gate projections) input-major; returns how many changed.
+    """Store the weights of `model`'s plain CPU `nn.Linear`s with at least as many outputs as inputs
+    (the LM head, MLP up/gate, square attention projections) input-major; returns how many changed.
 
-    Each decoding step multiplies one row by every weight matrix. On CPU that matrix-vector product
-    runs faster on a wide matrix stored (in, out), the layout of GPT-2's Conv1D, than on
-    `nn.Linear`'s (out, in): the vocabulary-sized LM head takes about 0.6x the time (see the README's
+    Each decoding step multiplies one row by every weight matrix, read from memory each time. On CPU
+    that matrix-vector product runs faster on such a matrix stored (in, out), the layout of GPT-2's
+    Conv1D, than on `nn.Linear`'s (out, in): the vocabulary-sized LM head takes about 0.6x the time,
+    square and wide matrices a few percent less, narrow ones (MLP down) none (see the README's
     generation benchmark). Shapes, values and Parameter objects (so tying) are unchanged, only the
     strides; state dicts still hold contiguous tensors (`contiguous_state_dict`), so every way of
     saving works. Subclassed or quantized layers and weights off the CPU are left alone.
@@ -137,7 +138,7 @@ def use_decoding_layout(model: nn.Module) -> int:
     changed = 0
     with torch.no_grad():
         for module in model.modules():
-            if type(module) is not nn.Linear or module.out_features <= module.in_features:
+            if type(module) is not nn.Linear or module.out_features < module.in_features:
                 continue
             weight = module.weight
             if (
@@ -161,7 +162,7 @@ def contiguous_state_dict(module, state_dict, prefix, local_metadata) -> None:
 
 
 class SwapformerGenerationMixin(GenerationMixin):
-    """transformers' generate(), with wide CPU matrices in the faster decoding layout."""
+    """transformers' generate(), with CPU weights in the faster decoding layout."""
 
     def generate(self, *args, **kwargs):
         use_decoding_layout(self)

@@ -314,16 +314,18 @@ def test_static_cache_generates_what_the_dynamic_cache_does(arch, attn):
 
 @pytest.mark.parametrize("tied", [False, True])
 def test_decoding_layout_changes_strides_only(tied, tmp_path):
-    """generate() stores wide matrices input-major (faster matrix-vector products on CPU); the
-    function, the tying, state dicts, saving and training are unaffected."""
+    """generate() stores wide and square matrices input-major (faster matrix-vector products on
+    CPU); the function, the tying, state dicts, saving and training are unaffected."""
     model = lm("decoder", position_embedding_type="rope", tie_word_embeddings=tied)
     ids, mask = prompts("decoder")
     with torch.no_grad():
         before = model(ids, attention_mask=mask).logits
     model.generate(ids, attention_mask=mask, max_new_tokens=2, pad_token_id=0)
-    head, up = model.lm_head.weight, model.model.layers[0].mlp.up_proj.weight
-    assert not head.is_contiguous() and not up.is_contiguous() and head.shape == (97, 32)
-    assert model.model.layers[0].mlp.down_proj.weight.is_contiguous()  # narrow: left as is
+    layer = model.model.layers[0]
+    head, up, q = model.lm_head.weight, layer.mlp.up_proj.weight, layer.self_attn.q_proj.weight
+    assert not head.is_contiguous() and not up.is_contiguous() and not q.is_contiguous()
+    assert head.shape == (97, 32) and q.shape == (32, 32)
+    assert layer.mlp.down_proj.weight.is_contiguous()  # narrow (48 -> 32): left as is
     assert (head is model.model.embed_tokens.weight) == tied
     assert all(t.is_contiguous() for t in model.state_dict().values())
     if (
