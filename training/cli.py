@@ -8,7 +8,7 @@ import sys
 from .args import ARCHS, MIXED_PRECISION, PRESETS, TrainArgs, TrainArgumentError, parse_option
 
 EPILOG = """examples:
-  swapformer train                                   # tiny decoder on the Python stdlib, ~2-3 min on 2 CPU cores
+  swapformer train                                   # tiny decoder on the Python stdlib, ~70 s on 2 idle CPU cores
   swapformer train --arch encoder --attn eager       # masked LM
   swapformer train --arch encoder-decoder --preset small --data my_texts/
   swapformer train --set num_key_value_heads=2 --set position_embedding_type=alibi
