@@ -245,9 +245,6 @@ class StackMixin:
                             layer.plan(cfg.sliding_window, keep, i)
                 kv_length, kv_offset = cache.get_mask_sizes(t, layer_idx)
                 key_prefix = getattr(cache_layer(cache, layer_idx), "key_prefix", 0)
-            key_index = torch.arange(kv_length, device=device)
-            key_index = torch.where(key_index < key_prefix, key_index, key_index - key_prefix + kv_offset)
-            valid = select_keys(key_valid, key_index, False)
             pattern = AttentionPattern(
                 kind=kind,
                 causal=self.causal,
@@ -259,15 +256,16 @@ class StackMixin:
                 key_prefix=key_prefix,
                 total_length=total,
                 device=device,
-                key_valid=valid
-                if valid is not None and not bool(valid[:, key_index < total].all())
-                else None,
                 window=cfg.sliding_window,
                 block_size=cfg.attention_block_size,
                 bias_fn=self.pair_bias if has_bias else None,
                 query_pos=query_pos,
-                key_pos=select_keys(key_pos, key_index, 0),
             )
+            key_index = pattern.key_indices()  # absolute index of each key the cache hands over
+            valid = select_keys(key_valid, key_index, False)
+            if valid is not None and not bool(valid[:, key_index < total].all()):
+                pattern.key_valid = valid
+            pattern.key_pos = select_keys(key_pos, key_index, 0)
             if is_global is not None:
                 pattern.global_keys = select_keys(is_global, key_index, False)
                 pattern.global_queries = is_global[:, past:]
