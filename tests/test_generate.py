@@ -13,10 +13,9 @@ import torch
 from safetensors.torch import save_file
 from transformers import DynamicCache, LogitsProcessor, LogitsProcessorList
 
-import swapformer
 from swapformer.configuration.backends import BACKENDS
 
-from conftest import POSITIONS, build, cached_step_diffs, max_diff, padded_batch, tiny_config
+from conftest import LM_CLASSES, POSITIONS, build, cached_step_diffs, max_diff, padded_batch, tiny_config
 
 # backends that decode on a CPU; flex recompiles per step shape, so it has its own (slow) test
 DECODING = [n for n, c in BACKENDS.items() if c.kv_cache and "cpu" in c.devices and n != "flex_attention"]
@@ -24,10 +23,7 @@ TOLERANCE = 1e-5  # fp32 logits, the issue's bound
 
 
 def lm(arch, attn="sdpa", **overrides):
-    model_class = (
-        swapformer.DecoderForCausalLM if arch == "decoder" else swapformer.Seq2SeqForConditionalGeneration
-    )
-    return build(model_class, tiny_config(arch, **overrides), attn=attn)
+    return build(LM_CLASSES[arch], tiny_config(arch, **overrides), attn=attn)
 
 
 def prompts(arch, batch=3, length=7):
@@ -80,26 +76,33 @@ class UncachedReference(LogitsProcessor):
         return scores
 
 
-@pytest.mark.parametrize("attn", DECODING)
-@pytest.mark.parametrize("arch", ["decoder", "seq2seq"])
-def test_beam_search_steps_equal_uncached_forward(arch, attn):
-    model = lm(arch, attn, position_embedding_type="alibi" if arch == "decoder" else "relative_bias")
-    ids, mask = prompts(arch)
-    reference = UncachedReference(model, ids, mask, beams=3)
+def beam_search_diffs(model, ids, mask, new_tokens: int, beams: int = 3):
+    """Beam search for exactly `new_tokens` steps; per-step diffs from UncachedReference, and the
+    generate() output (with beam_indices and the cache)."""
+    reference = UncachedReference(model, ids, mask, beams=beams)
     out = model.generate(
         ids,
         attention_mask=mask,
-        num_beams=3,
-        num_return_sequences=3,
+        num_beams=beams,
+        num_return_sequences=beams,
         do_sample=False,
-        max_new_tokens=6,
-        min_new_tokens=6,
+        max_new_tokens=new_tokens,
+        min_new_tokens=new_tokens,
         pad_token_id=0,
         logits_processor=LogitsProcessorList([reference]),
         return_dict_in_generate=True,
         output_scores=True,
     )
-    assert len(reference.diffs) == 6 and max(reference.diffs) <= TOLERANCE
+    return reference.diffs, out
+
+
+@pytest.mark.parametrize("attn", DECODING)
+@pytest.mark.parametrize("arch", ["decoder", "seq2seq"])
+def test_beam_search_steps_equal_uncached_forward(arch, attn):
+    model = lm(arch, attn, position_embedding_type="alibi" if arch == "decoder" else "relative_bias")
+    ids, mask = prompts(arch)
+    diffs, out = beam_search_diffs(model, ids, mask, 6)
+    assert len(diffs) == 6 and max(diffs) <= TOLERANCE
     # the cache was really reordered: some beam continued another beam's prefix
     parents = out.beam_indices[:, :6] % 3
     assert bool((parents[:, 1:] != parents[:, :-1]).any())
@@ -358,19 +361,8 @@ def test_beam_search_on_the_window_and_global_cache(arch, attn):
         options["decoder_layer_types"] = options["layer_types"]
     model = lm(arch, attn, **options)
     ids, mask = prompts(arch, length=9)
-    reference = UncachedReference(model, ids, mask, beams=3)
-    out = model.generate(
-        ids,
-        attention_mask=mask,
-        num_beams=3,
-        do_sample=False,
-        max_new_tokens=12,
-        min_new_tokens=12,
-        pad_token_id=0,
-        logits_processor=LogitsProcessorList([reference]),
-        return_dict_in_generate=True,
-    )
-    assert len(reference.diffs) == 12 and max(reference.diffs) <= TOLERANCE
+    diffs, out = beam_search_diffs(model, ids, mask, 12)
+    assert len(diffs) == 12 and max(diffs) <= TOLERANCE
     cache = getattr(out.cache, "self_attention_cache", out.cache)
     # decoder: leading tokens up to row 2's second real token (index 5), then the window; seq2seq: 2 + 2
     assert cache.layers[0].keys.shape[-2] == (6 + 2 if arch == "decoder" else 2 + 2)
