@@ -5,8 +5,9 @@ loads the source with transformers, renames and reshapes its tensors with the fa
 (strictly: every key accounted for), writes the swapformer folder (config, safetensors, tokenizer
 files, generation config, generated remote code, a card), then loads both folders again and runs
 them on the same padded batch. A max abs diff above `tolerance` (fp32) is an error. Everything is
-written to a hidden sibling folder first and moved into place only after verification, so a refused
-or failed conversion leaves nothing behind and never touches an existing `out`.
+written to a hidden sibling folder first and moved into place only after verification, so a refused,
+failed or interrupted (Ctrl-C, SIGTERM) conversion leaves nothing behind and never touches an
+existing `out`; what a SIGKILL leaves is cleaned up by the next conversion to the same `out`.
 
 `convert(src, out, to_hf=True)` is the reverse for folders that came from a conversion: the same
 rules run backwards with exact inverse transforms, so the tensors come back bit for bit.
@@ -14,10 +15,15 @@ rules run backwards with exact inverse transforms, so the tensors come back bit 
 
 from __future__ import annotations
 
+import contextlib
 import copy
+import glob
 import json
 import os
 import shutil
+import signal
+import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -335,15 +341,133 @@ Verified after writing: both folders loaded again and run in fp32 on one batch o
 """
 
 
-def _finish(tmp: Path, out: Path, report: ConversionReport, direction: str, tolerance: float) -> None:
+class ConversionInterrupted(KeyboardInterrupt):
+    """SIGINT (Ctrl-C) or SIGTERM during `convert`. A KeyboardInterrupt, so `except Exception` in
+    between does not swallow it; `signum` is the signal (exit code 128 + signum)."""
+
+    def __init__(self, signum: int, message: str):
+        super().__init__(message)
+        self.signum = signum
+
+
+class _Signals:
+    """While active, SIGINT and SIGTERM raise ConversionInterrupted, so that the `finally` removing the
+    scratch folder runs (SIGTERM's default action would end the process on the spot and leave it).
+    Inside `deferred()` a signal is only recorded, and raised when the block ends: the final renames
+    and the cleanup are never cut in half. Handlers can only be set from the main thread; elsewhere
+    the signals keep whatever handling they had."""
+
+    def __init__(self, out: Path):
+        self.out = out
+        self.previous: dict = {}
+        self.deferring = False
+        self.pending: int | None = None
+
+    def __enter__(self):
+        if threading.current_thread() is threading.main_thread():
+            for signum in (signal.SIGINT, signal.SIGTERM):
+                self.previous[signum] = signal.signal(signum, self._handle)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for signum, handler in self.previous.items():
+            signal.signal(signum, handler)
+
+    def _handle(self, signum, frame) -> None:
+        if self.deferring:
+            self.pending = signum
+            return
+        raise self._interrupted(signum, None)
+
+    def _interrupted(self, signum: int, done: str | None) -> ConversionInterrupted:
+        name = signal.Signals(signum).name
+        if done is None:
+            return ConversionInterrupted(
+                signum, f"interrupted by {name}; nothing was written: {self.out} is as it was"
+            )
+        return ConversionInterrupted(signum, f"interrupted by {name} after {done}")
+
+    @contextlib.contextmanager
+    def deferred(self, done: str | None = None):
+        """Hold signals back for the block; one that came meanwhile is raised after it, saying what
+        was `done` (None: nothing was written)."""
+        self.deferring = True
+        try:
+            yield
+        finally:
+            self.deferring = False
+        if self.pending is not None:
+            signum, self.pending = self.pending, None
+            raise self._interrupted(signum, done)
+
+
+def _pause_for_tests(point: str, signals: _Signals) -> None:
+    """Test hook: with SWAPFORMER_TEST_PAUSE_CONVERT=point, say so on stdout and wait for a signal, so
+    a test can interrupt the conversion at a known place without racing it. (Polls: a signal held back
+    by `deferred` may arrive before a pause() would start.)"""
+    if os.environ.get("SWAPFORMER_TEST_PAUSE_CONVERT") == point:
+        print(f"paused at {point}", flush=True)
+        while signals.pending is None:
+            time.sleep(0.01)
+
+
+def _finish(
+    tmp: Path, out: Path, report: ConversionReport, direction: str, tolerance: float, signals: _Signals
+) -> None:
+    """Move the verified folder into place: an existing `out` is renamed aside, the new one renamed
+    in, the old one removed; signals wait until all three are done."""
     (tmp / "README.md").write_text(_card(report, direction, tolerance))
-    if out.exists():
-        shutil.rmtree(out)
-    os.replace(tmp, out)
+    with signals.deferred(done=f"{out} was written completely"):
+        _pause_for_tests("swap", signals)
+        if out.exists():
+            old = _sibling(out, "old")
+            os.replace(out, old)
+            os.replace(tmp, out)
+            shutil.rmtree(old)
+        else:
+            os.replace(tmp, out)
+
+
+def _sibling(out: Path, kind: str, pid: int | None = None) -> Path:
+    """The hidden folder beside `out` that this process (or `pid`) writes to ("partial") or parks the
+    replaced `out` in ("old")."""
+    return out.parent / f".{out.name}.{kind}-{os.getpid() if pid is None else pid}"
+
+
+def _alive(pid: int) -> bool:
+    if os.name != "posix":  # no cheap liveness probe elsewhere: treat as alive, touch nothing
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _clean_leftovers(out: Path, log) -> None:
+    """What a conversion killed outright (SIGKILL, power loss) left beside `out`: its partial folder
+    is removed; a replaced `out` parked aside is put back if `out` is missing, else removed."""
+    if not out.parent.is_dir():
+        return
+    for kind in ("partial", "old"):
+        for path in out.parent.glob(f".{glob.escape(out.name)}.{kind}-*"):
+            pid = path.name.rsplit("-", 1)[1]
+            if not pid.isdigit() or int(pid) == os.getpid() or _alive(int(pid)):
+                continue
+            if kind == "old" and not out.exists():
+                os.replace(path, out)
+                log(
+                    f"restored {out} from {path.name}, left by a conversion that was killed while replacing it"
+                )
+            else:
+                shutil.rmtree(path)
+                log(f"removed {path}, left by a conversion that was killed (process {pid})")
 
 
 def _scratch(out: Path) -> Path:
-    tmp = out.parent / f".{out.name}.partial-{os.getpid()}"
+    tmp = _sibling(out, "partial")
     if tmp.exists():
         shutil.rmtree(tmp)
     tmp.mkdir(parents=True)
@@ -375,9 +499,11 @@ def convert(
         ConversionError (a ValueError): bad paths, unsupported family or class, keys that do not line
             up, truncated or pickle-only weights; `VerificationError` when the outputs differ.
     """
-    import swapformer  # noqa: F401  (registers the swapformer Auto classes)
+    from .. import register
 
+    register()  # the Auto classes the verification loads through
     src, out = Path(src), Path(out)
+    _clean_leftovers(out, log)
     _check_paths(src, out, overwrite)
     model_type = json.loads((src / "config.json").read_text()).get("model_type")
     if to_hf and model_type not in SWAPFORMER_TYPES:
@@ -393,22 +519,28 @@ def convert(
     if not to_hf:
         _family(model_type)
     use_safetensors = _check_weights(src, allow_unpickling)
-    tmp = _scratch(out)
-    try:
-        run = _to_hf if to_hf else _from_hf
-        report = run(src, tmp, use_safetensors=use_safetensors, log=log)
-        report.output = str(out)
-        for name, value in report.diffs.items():
-            log(f"verification: {name} max abs diff {value:.3e}")
-        if not report.max_diff <= tolerance:
-            raise VerificationError(
-                f"Verification failed: max abs diff {report.max_diff:.3e} > tolerance {tolerance:g} "
-                f"({report.source_class} against {report.target_class}: {report.diffs}); nothing was written to {out}"
+    with _Signals(out) as signals:
+        tmp = _scratch(out)
+        try:
+            run = _to_hf if to_hf else _from_hf
+            report = run(src, tmp, use_safetensors=use_safetensors, log=log)
+            report.output = str(out)
+            for name, value in report.diffs.items():
+                log(f"verification: {name} max abs diff {value:.3e}")
+            if not report.max_diff <= tolerance:
+                raise VerificationError(
+                    f"Verification failed: max abs diff {report.max_diff:.3e} > tolerance {tolerance:g} "
+                    f"({report.source_class} against {report.target_class}: {report.diffs}); nothing was written to {out}"
+                )
+            _pause_for_tests("verified", signals)
+            _finish(
+                tmp, out, report, "back to transformers" if to_hf else "to swapformer", tolerance, signals
             )
-        _finish(tmp, out, report, "back to transformers" if to_hf else "to swapformer", tolerance)
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp)
+        finally:
+            finished = not tmp.exists()
+            with signals.deferred(done=f"{out} was written completely" if finished else None):
+                if not finished:
+                    shutil.rmtree(tmp)
     log(f"wrote {out} ({report.target_class}, max abs diff {report.max_diff:.3e})")
     return report
 

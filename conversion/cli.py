@@ -8,11 +8,12 @@ import argparse
 def add_subcommand(subparsers) -> None:
     parser = subparsers.add_parser(
         "convert",
-        help="convert a transformers checkpoint folder into swapformer (or back with --to-hf), verified",
         description=(
             "Convert a Hugging Face checkpoint folder (BERT, RoBERTa, GPT-2, Llama, Mistral, T5, BART; the family "
             "is read from config.json) into a swapformer folder, then run both on the same padded batch and "
-            "fail, writing nothing, if outputs differ by more than the tolerance."
+            "fail, writing nothing, if outputs differ by more than the tolerance. The folder is written under a "
+            "hidden name beside OUT and renamed into place at the end: an error, Ctrl-C or SIGTERM leaves "
+            "nothing behind, and an existing OUT (with --overwrite) stays intact until the new one replaces it."
         ),
     )
     parser.add_argument("src", help="folder with config.json and weights")
@@ -39,11 +40,13 @@ def add_subcommand(subparsers) -> None:
 
 
 def _run(args: argparse.Namespace) -> int:
+    """Errors (ConversionError is a ValueError; so are config errors) reach `swapformer.cli.main`,
+    which prints them as one line with exit code 2."""
     import sys
 
     from transformers.utils import logging
 
-    from .checkpoint import convert
+    from .checkpoint import ConversionInterrupted, convert
 
     logging.disable_progress_bar()  # the loading bars of four loads would bury the measured diffs
     try:
@@ -55,7 +58,7 @@ def _run(args: argparse.Namespace) -> int:
             allow_unpickling=args.allow_unpickling,
             tolerance=args.tolerance,
         )
-    except (ValueError, OSError) as e:  # ConversionError is a ValueError; so are config errors
-        print(f"swapformer convert: error: {e}", file=sys.stderr)
-        return 1
+    except ConversionInterrupted as e:
+        print(f"swapformer convert: {e}", file=sys.stderr)
+        return 128 + e.signum
     return 0

@@ -1,8 +1,13 @@
 """The `swapformer` command line.
 
-Each subcommand lives beside the code it drives and registers itself through an
-``add_subcommand(subparsers)`` function; heavy imports happen inside the handler, so
-``swapformer --help`` stays fast.
+Each subcommand lives beside the code it drives, in a module with an ``add_subcommand(subparsers)``
+function. Only the chosen subcommand's module is imported (the one-line summaries that
+`swapformer --help` lists are kept here), and heavy imports happen inside the handlers, so
+`swapformer --help` and `swapformer train --help` answer without importing torch or transformers.
+
+Errors: a mistake the user can fix (a ValueError, TypeError, OSError or ImportError, argparse's own
+usage errors) prints one line naming the value and the fix and exits with code 2; anything else is a
+failure of the run (exit code 1). No traceback unless `--debug` is given.
 """
 
 from __future__ import annotations
@@ -10,12 +15,32 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
+import traceback
 
-# modules that contribute subcommands, each with add_subcommand(subparsers)
-_SUBCOMMAND_MODULES = (
-    "swapformer.training.cli",
-    "swapformer.conversion.cli",
-)
+# name -> (module with add_subcommand(subparsers), the line `swapformer --help` shows)
+SUBCOMMANDS = {
+    "train": ("swapformer.training.cli", "pretrain a model with Accelerate and write a Hub-ready folder"),
+    "convert": (
+        "swapformer.conversion.cli",
+        "convert a transformers checkpoint folder into swapformer (or back with --to-hf), verified",
+    ),
+    "backends": ("swapformer.cli", "print the attention backend capability table (Markdown)"),
+}
+USER_ERRORS = (ValueError, TypeError, OSError, ImportError)
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse with one-line usage errors (its usage block for `train` alone is 20 lines)."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def add_subcommand(subparsers) -> None:
+    subparsers.add_parser(
+        "backends",
+        description="Print the attention backend capability table (Markdown), as in the README.",
+    ).set_defaults(func=_backends)
 
 
 def _backends(args: argparse.Namespace) -> int:
@@ -25,19 +50,74 @@ def _backends(args: argparse.Namespace) -> int:
     return 0
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="swapformer", description=__doc__.splitlines()[0])
-    commands = parser.add_subparsers(dest="command", required=True)
-    backends = commands.add_parser("backends", help="print the attention backend capability table (Markdown)")
-    backends.set_defaults(func=_backends)
-    for name in _SUBCOMMAND_MODULES:
-        importlib.import_module(name).add_subcommand(commands)
+def _chosen(argv: list[str]) -> str | None:
+    """The subcommand named on the command line, unless a help flag comes first."""
+    for arg in argv:
+        if arg in ("-h", "--help"):
+            return None
+        if arg in SUBCOMMANDS:
+            return arg
+    return None
+
+
+def build_parser(chosen: str | None = None) -> argparse.ArgumentParser:
+    """The parser; the subcommand `chosen` gets its full parser, the others a stub with their summary."""
+    from . import __version__
+
+    parser = Parser(prog="swapformer", description=__doc__.splitlines()[0])
+    parser.add_argument("--version", action="version", version=f"swapformer {__version__}")
+    parser.add_argument("--debug", action="store_true", help="show the traceback of an error")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="{" + ",".join(SUBCOMMANDS) + "}")
+    parser.commands = commands.choices  # name -> subparser
+    for name, (module, summary) in SUBCOMMANDS.items():
+        if name == chosen:
+            importlib.import_module(module).add_subcommand(commands)
+            sub = commands.choices[name]
+            sub.add_argument(
+                "--debug",
+                action="store_true",
+                default=argparse.SUPPRESS,
+                help="show the traceback of an error",
+            )
+        else:
+            commands.add_parser(name, help=summary, add_help=False)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    return args.func(args)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    chosen = _chosen(argv)
+    try:
+        parser = build_parser(chosen)
+        args, unknown = parser.parse_known_args(argv)
+        if unknown:  # reported by the subcommand, whose --help lists what it takes
+            (parser.commands[args.command] if chosen else parser).error(
+                f"unrecognized arguments: {' '.join(unknown)}"
+            )
+    except SystemExit as e:  # --help, --version, usage errors: argparse has printed what it had to say
+        return e.code if isinstance(e.code, int) else 0 if e.code is None else 2
+    prog = f"swapformer {args.command}"
+    try:
+        return args.func(args)
+    except KeyboardInterrupt as e:
+        signum = getattr(e, "signum", 2)
+        print(f"{prog}: interrupted{f' ({e})' if str(e) else ''}", file=sys.stderr)
+        return 128 + signum
+    except Exception as e:
+        if args.debug:
+            traceback.print_exc()
+        print(error_line(prog, e, debug=args.debug), file=sys.stderr)
+        return 2 if isinstance(e, USER_ERRORS) else 1
+
+
+def error_line(prog: str, error: BaseException, *, debug: bool = False) -> str:
+    """One line for `error`: its message (the value and the fix, for our own errors), with the type
+    for errors that are not the user's to fix."""
+    message = " ".join(str(error).split()) or type(error).__name__
+    if isinstance(error, USER_ERRORS):
+        return f"{prog}: error: {message}"
+    hint = "" if debug else "; rerun with --debug for the traceback"
+    return f"{prog}: failed: {type(error).__name__}: {message}{hint}"
 
 
 if __name__ == "__main__":

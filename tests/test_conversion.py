@@ -239,7 +239,7 @@ def test_cli_converts_and_back(tmp_path, capsys):
     assert "verification: logits max abs diff" in out and "verification: hidden states max abs diff" in out
     assert main(["convert", str(tmp_path / "ours"), str(tmp_path / "back"), "--to-hf"]) == 0
     assert (tmp_path / "back" / "model.safetensors").exists()
-    assert main(["convert", str(tmp_path / "ours"), str(tmp_path / "again")]) == 1
+    assert main(["convert", str(tmp_path / "ours"), str(tmp_path / "again")]) == 2  # a usage error
     assert "--to-hf" in capsys.readouterr().err  # a swapformer folder without --to-hf
 
 

@@ -4,6 +4,9 @@ checks that run before any data is read or any model is built.
 Every error names the command-line flag at fault (`--batch-size`, `--attn`, ...), since that is what
 the user typed. Model options are any field of the chosen config class, given as `--config file.json`
 or one `--set field=value` per field.
+
+The config classes (and with them transformers) are imported on first use, not here:
+`swapformer train --help` builds its parser from this module.
 """
 
 from __future__ import annotations
@@ -13,11 +16,7 @@ import json
 import os
 from dataclasses import dataclass, field
 
-from ..configuration import DecoderConfig, EncoderConfig, Seq2SeqConfig
-from ..configuration.backends import check_backend_name, check_layer_backends
-
 ARCHS = ("decoder", "encoder", "encoder-decoder")
-CONFIG_CLASSES = {"decoder": DecoderConfig, "encoder": EncoderConfig, "encoder-decoder": Seq2SeqConfig}
 MIXED_PRECISION = ("no", "fp16", "bf16", "fp8")
 
 # Presets fill every argument left unset. `tiny` is the default: about 1.5 minutes on 2 idle CPU cores.
@@ -75,12 +74,37 @@ MODEL_DEFAULTS = dict(
 )
 # Config fields the tokenizer decides.
 TOKENIZER_FIELDS = ("vocab_size", "pad_token_id", "bos_token_id", "eos_token_id", "decoder_start_token_id")
+# Keys a saved config.json carries besides the fields: transformers' bookkeeping and swapformer's own.
+CONFIG_FILE_EXTRAS = frozenset(
+    {
+        "model_type",
+        "transformers_version",
+        "architectures",
+        "auto_map",
+        "converted_from",
+        "_name_or_path",
+        "dtype",
+    }
+)
 # Training arguments that may differ between a run and its resumption.
 RESUME_FREE = frozenset({"resume", "overwrite", "stop_after", "progress", "push_to_hub", "hub_private"})
 
 
 class TrainArgumentError(ValueError):
     """A wrong `swapformer train` argument, found before training starts."""
+
+
+def __getattr__(name: str):
+    if name == "CONFIG_CLASSES":  # {--arch: config class}, imported on first use (see the docstring)
+        return config_classes()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def config_classes() -> dict:
+    """{--arch: its config class}."""
+    from ..configuration import DecoderConfig, EncoderConfig, Seq2SeqConfig
+
+    return {"decoder": DecoderConfig, "encoder": EncoderConfig, "encoder-decoder": Seq2SeqConfig}
 
 
 @dataclass
@@ -139,6 +163,9 @@ class TrainArgs:
         for name, value in preset.items():
             if name != "model" and getattr(out, name) is None:
                 setattr(out, name, value)
+        if self.warmup_steps is None and self.max_steps is not None and isinstance(self.max_steps, int):
+            # the preset's warm-up is a share of its length: a run of another length keeps the share
+            out.warmup_steps = preset["warmup_steps"] * self.max_steps // preset["max_steps"]
         return out
 
     def to_json(self) -> dict:
@@ -160,20 +187,28 @@ def config_fields_of(cls: type) -> set[str]:
 
 def config_fields() -> set[str]:
     """Every config field a user may set, over the three architectures."""
-    return set().union(*(config_fields_of(cls) for cls in CONFIG_CLASSES.values()))
+    return set().union(*(config_fields_of(cls) for cls in config_classes().values()))
 
 
 def parse_option(text: str) -> tuple[str, object]:
-    """`field=value` -> (field, value); the value is read as JSON (numbers, true/false, null, lists),
-    else kept as a string."""
+    """`field=value` -> (field, value); the value is read as JSON (numbers, true/false, null, lists,
+    objects), else kept as a string. A value in brackets or braces must be JSON: a shell that ate its
+    inner quotes turns `["a","b"]` into `[a,b]`, which is refused rather than taken as a string."""
     name, sep, raw = text.partition("=")
+    name = name.strip()
     if not sep or not name:
         raise TrainArgumentError(f"--set expects field=value, got {text!r}")
     try:
-        value = json.loads(raw)
-    except json.JSONDecodeError:
-        value = {"True": True, "False": False, "None": None}.get(raw, raw)
-    return name.strip(), value
+        return name, json.loads(raw)
+    except json.JSONDecodeError as e:
+        if raw.strip()[:1] in ("[", "{"):
+            words = [w.strip().strip("'\"") for w in raw.strip()[1:-1].split(",") if w.strip()]
+            example = json.dumps(words, separators=(",", ":")) if raw.strip()[0] == "[" else '{"key":"value"}'
+            raise TrainArgumentError(
+                f"--set {name}={raw}: a list or mapping must be JSON ({e.msg} at character {e.pos}); quote the "
+                f"whole option so the shell keeps the inner quotes: --set '{name}={example}'"
+            ) from e
+    return name, {"True": True, "False": False, "None": None}.get(raw, raw)
 
 
 def model_options(args: TrainArgs) -> dict:
@@ -195,10 +230,39 @@ def model_options(args: TrainArgs) -> dict:
             raise TrainArgumentError(f"--config {args.config!r} must hold a JSON object of config fields")
         # a config.json written by save_pretrained carries bookkeeping keys and the vocabulary of its
         # tokenizer: keep only config fields, and leave the vocabulary to this run's tokenizer
-        known = config_fields() - set(TOKENIZER_FIELDS)
-        options.update({k: v for k, v in loaded.items() if k in known})
+        check_config_file(args, loaded)
+        own = config_fields_of(config_classes()[args.arch]) - set(TOKENIZER_FIELDS)
+        options.update({k: v for k, v in loaded.items() if k in own})
     options.update(args.model_options)
     return options
+
+
+def check_config_file(args: TrainArgs, loaded: dict) -> None:
+    """A --config file must be of --arch's architecture and hold only fields of its config class (a
+    misspelt field would otherwise be dropped without a word)."""
+    from transformers import PreTrainedConfig
+
+    classes = config_classes()
+    arch_of = {cls.model_type: arch for arch, cls in classes.items()}
+    model_type = loaded.get("model_type")
+    if model_type is not None and arch_of.get(model_type) != args.arch:
+        if model_type in arch_of:
+            fix = f"pass --arch {arch_of[model_type]}, or a config of --arch {args.arch}"
+        else:
+            fix = "use a swapformer config (convert a checkpoint first: swapformer convert), or a JSON of fields"
+        raise TrainArgumentError(
+            f"--config {args.config!r} is a {model_type!r} config, but --arch {args.arch} trains "
+            f"{classes[args.arch].model_type!r}; {fix}"
+        )
+    own = config_fields_of(classes[args.arch])
+    extras = CONFIG_FILE_EXTRAS | set(TOKENIZER_FIELDS) | set(PreTrainedConfig().to_dict())
+    unknown = sorted(k for k in loaded if k not in own and k not in extras)
+    if unknown:
+        raise TrainArgumentError(
+            f"--config {args.config!r}: {', '.join(unknown)} {'is not a field' if len(unknown) == 1 else 'are not fields'} "
+            f"of --arch {args.arch}'s config ({classes[args.arch].__name__}); fix or remove "
+            f"{'it' if len(unknown) == 1 else 'them'}"
+        )
 
 
 def validate(args: TrainArgs) -> None:
@@ -206,6 +270,8 @@ def validate(args: TrainArgs) -> None:
     the flag."""
     if args.arch not in ARCHS:
         raise TrainArgumentError(f"--arch {args.arch!r} is unknown; choose one of {', '.join(ARCHS)}")
+    from ..configuration.backends import check_backend_name, check_layer_backends
+
     try:
         choice = attn_choice(args.attn)
         if isinstance(choice, dict):
@@ -270,7 +336,7 @@ def validate(args: TrainArgs) -> None:
     if args.tokenizer is not None and not os.path.isdir(args.tokenizer):
         raise TrainArgumentError(f"--tokenizer {args.tokenizer!r}: no such folder (a saved tokenizer)")
     known = config_fields()
-    own = config_fields_of(CONFIG_CLASSES[args.arch])
+    own = config_fields_of(config_classes()[args.arch])
     for name in args.model_options:
         if name not in known:
             raise TrainArgumentError(f"--set {name}=...: {name!r} is not a config field")

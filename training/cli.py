@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from .args import ARCHS, MIXED_PRECISION, PRESETS, TrainArgs, TrainArgumentError, parse_option
+from .args import ARCHS, MIXED_PRECISION, PRESETS, TrainArgs, parse_option
 
 EPILOG = """examples:
   swapformer train                                   # tiny decoder on the Python stdlib, ~70 s on 2 idle CPU cores
@@ -13,14 +13,13 @@ EPILOG = """examples:
   swapformer train --arch encoder-decoder --preset small --data my_texts/
   swapformer train --set num_key_value_heads=2 --set position_embedding_type=alibi
   swapformer train --resume                          # continue the run in --output-dir exactly
-  accelerate launch --num_processes 2 -m swapformer train   # data parallel (DDP); see README
+  accelerate launch --multi_gpu --num_processes 2 -m swapformer train   # data parallel (DDP, also on CPU); see README
 """
 
 
 def add_subcommand(subparsers) -> None:
     p = subparsers.add_parser(
         "train",
-        help="pretrain a model with Accelerate and write a Hub-ready folder",
         description="Pretrain a swapformer model (tokenizer, training, evaluation, model card).",
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -105,7 +104,9 @@ def add_subcommand(subparsers) -> None:
     opt.add_argument("--max-steps", type=int, help="optimizer steps (preset default)")
     opt.add_argument("--lr", type=float, help="peak learning rate (preset default)")
     opt.add_argument(
-        "--warmup-steps", type=int, help="linear warm-up steps before the cosine decay (preset default)"
+        "--warmup-steps",
+        type=int,
+        help="linear warm-up steps before the cosine decay (default: the preset's share of --max-steps)",
     )
     opt.add_argument(
         "--min-lr-ratio", type=float, default=d.min_lr_ratio, help="final lr / peak lr (default: %(default)s)"
@@ -129,7 +130,7 @@ def add_subcommand(subparsers) -> None:
         "--mixed-precision",
         choices=MIXED_PRECISION,
         default=d.mixed_precision,
-        help="passed to Accelerate (default: %(default)s, fp32)",
+        help="passed to Accelerate; refused where this machine cannot run it (default: %(default)s, fp32)",
     )
     opt.add_argument(
         "--gradient-checkpointing",
@@ -168,26 +169,29 @@ def add_subcommand(subparsers) -> None:
 
 
 def _train(ns: argparse.Namespace) -> int:
-    from .hub import HubPushError
-    from .loop import TrainingDiverged, train
+    """Errors a user can fix (TrainArgumentError, a ValueError) reach `swapformer.cli.main`, which
+    prints them as one line with exit code 2."""
+    values = {k: v for k, v in vars(ns).items() if k not in ("func", "command", "debug")}
+    values["model_options"] = dict(parse_option(o) for o in values["model_options"])
+    args = TrainArgs(**values)
 
-    values = {k: v for k, v in vars(ns).items() if k not in ("func", "command")}
+    import pathlib
+
+    from .hub import HubPushError
+    from .loop import TrainingDiverged, latest_checkpoint, train
+
     try:
-        values["model_options"] = dict(parse_option(o) for o in values["model_options"])
-        args = TrainArgs(**values)
         metrics = train(args)
-    except TrainArgumentError as e:
-        print(f"swapformer train: error: {e}", file=sys.stderr)
-        return 2
     except (TrainingDiverged, HubPushError) as e:
         print(f"swapformer train: {e}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
-        print(
-            f"swapformer train: interrupted; continue from the last checkpoint with the same arguments and "
-            f"--resume (output: {values['output_dir']})",
-            file=sys.stderr,
-        )
+        out = pathlib.Path(args.output_dir)
+        if out.is_dir() and latest_checkpoint(out) is not None:
+            hint = f"continue from the last checkpoint with the same arguments and --resume (output: {out})"
+        else:
+            hint = f"it stopped before its first checkpoint and kept nothing in {out}: run the same command again"
+        print(f"swapformer train: interrupted; {hint}", file=sys.stderr)
         return 130
     if "stopped_at" in metrics:
         print(f"stopped after step {metrics['stopped_at']} (--stop-after)")
@@ -198,6 +202,11 @@ def _train(ns: argparse.Namespace) -> int:
             f"{metrics['train_seconds']:.0f} s of training, {metrics['total_seconds']:.0f} s in all; "
             f"model in {args.output_dir}"
         )
+        if "test_perplexity" in metrics:
+            print(
+                f"test perplexity {metrics['test_perplexity']:.2f} (unigram baseline "
+                f"{metrics['test_unigram_perplexity']:.2f}) on {metrics['test_tokens']} tokens of the test split"
+            )
         if "hub_url" in metrics:
             print(f"uploaded to {metrics['hub_url']}")
     return 0
