@@ -654,3 +654,243 @@ def test_a_failed_upload_says_so_and_keeps_the_folder(tmp_path, text_folder, hub
         and "upload_folder(" in err
     )
     assert AutoModelForCausalLM.from_pretrained(out) is not None
+
+
+# Issue 10: the command as a new user meets it --------------------------------------------------------
+
+
+def test_default_warmup_follows_the_length_the_user_gave():
+    assert TrainArgs(max_steps=24).resolved().warmup_steps == 2  # tiny: 25 of 250 steps
+    assert TrainArgs(preset="small", max_steps=300).resolved().warmup_steps == 20  # small: 200 of 3000
+    assert TrainArgs().resolved().warmup_steps == 25 and TrainArgs(max_steps=1).resolved().warmup_steps == 0
+    args, _ = check_run(TrainArgs(max_steps=24))
+    assert args.warmup_steps == 2
+    with pytest.raises(TrainArgumentError, match=r"--warmup-steps must lie in \[0, --max-steps=24\), got 25"):
+        check_run(TrainArgs(max_steps=24, warmup_steps=25))  # a value the user gave is still checked
+
+
+def test_set_reads_lists_and_mappings_as_json(tmp_path, capsys):
+    from swapformer.training.args import parse_option
+
+    layers = ["sliding_attention", "full_attention"]
+    assert parse_option('layer_types=["sliding_attention", "full_attention"]') == ("layer_types", layers)
+    assert parse_option('rope_parameters={"rope_type": "linear", "factor": 2.0}')[1] == {
+        "rope_type": "linear",
+        "factor": 2.0,
+    }
+    assert parse_option("position_embedding_type=alibi") == ("position_embedding_type", "alibi")
+    # the shell ate the inner quotes: refused with the quoting that works, not read as a string
+    argv = [
+        "train",
+        "--output-dir",
+        str(tmp_path / "run"),
+        "--set",
+        "layer_types=[sliding_attention,full_attention]",
+    ]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert (
+        "--set layer_types=[sliding_attention,full_attention]: a list or mapping must be JSON" in err
+        and """--set 'layer_types=["sliding_attention","full_attention"]'""" in err
+    ), err
+    args, options = check_run(
+        TrainArgs(model_options=dict(layer_types=layers, sliding_window=8, num_hidden_layers=2))
+    )
+    assert options["layer_types"] == layers
+
+
+def test_a_config_file_of_another_architecture_or_with_unknown_fields_is_refused(tmp_path):
+    import swapformer
+
+    encoder = swapformer.EncoderConfig(**TINY_MODEL, vocab_size=600)
+    encoder.save_pretrained(tmp_path / "encoder")
+    config = str(tmp_path / "encoder" / "config.json")
+    with pytest.raises(
+        TrainArgumentError,
+        match="is a 'swapformer_encoder' config, but --arch decoder trains 'swapformer_decoder'; pass --arch encoder",
+    ):
+        check_run(TrainArgs(config=config))
+    args, options = check_run(TrainArgs(arch="encoder", config=config))
+    assert options["hidden_size"] == 32
+    bert = tmp_path / "bert.json"
+    bert.write_text(json.dumps({"model_type": "bert", "hidden_size": 32}))
+    with pytest.raises(TrainArgumentError, match="is a 'bert' config.*swapformer convert"):
+        check_run(TrainArgs(config=str(bert)))
+    typo = tmp_path / "typo.json"
+    typo.write_text(json.dumps({"num_hiden_layers": 2, "decoder_layers": 2, "hidden_size": 32}))
+    with pytest.raises(
+        TrainArgumentError, match="decoder_layers, num_hiden_layers are not fields of --arch decoder"
+    ):
+        check_run(TrainArgs(config=str(typo)))
+
+
+def dataset_dict(tmp_path, text_folder, test=None) -> pathlib.Path:
+    """A DatasetDict with train, validation and test splits (three documents, or the texts `test`)."""
+    from datasets import Dataset, DatasetDict
+
+    texts = [p.read_text() for p in sorted(text_folder.glob("*.txt"))]
+    splits = {"train": texts[:14], "validation": texts[14:17], "test": texts[17:20] if test is None else test}
+    path = tmp_path / "dd"
+    DatasetDict({k: Dataset.from_dict({"text": v}) for k, v in splits.items()}).save_to_disk(str(path))
+    return path
+
+
+def test_a_dataset_dict_test_split_is_scored_after_training(tmp_path, text_folder, report):
+    from swapformer.training import data as data_mod
+
+    path = dataset_dict(tmp_path, text_folder)
+    docs, _ = data_mod.load_documents([str(path)], "text")
+    train_docs, val_docs = data_mod.split_documents(docs, 0.15, 0, 0)
+    test_docs = data_mod.documents_of_test_split(docs, 0)
+    assert {d.name.split("/")[1] for d in train_docs} == {"train"} and len(train_docs) == 14
+    assert {d.name.split("/")[1] for d in val_docs} == {"validation"} and len(val_docs) == 3  # its own split
+    assert [d.name for d in test_docs] == ["dd/test/0", "dd/test/1", "dd/test/2"]
+
+    out = tmp_path / "run"
+    metrics = train(tiny_args(out, path, max_val_chars=0, max_steps=3))
+    assert metrics["test_perplexity"] != metrics["val_perplexity"]
+    assert (
+        json.loads((out / "metrics.jsonl").read_text().splitlines()[-1])["test_loss"] == metrics["test_loss"]
+    )
+    assert "On the dataset's test split" in (out / "README.md").read_text()
+
+    # the oracle: the saved model's causal-LM loss over the test split's blocks, computed here
+    model = AutoModelForCausalLM.from_pretrained(out).eval()
+    tokenizer = AutoTokenizer.from_pretrained(out)
+    blocks = data_mod.pack(tokenizer, test_docs, TINY_RUN["seq_len"])
+    with torch.no_grad():
+        logits = model(blocks).logits[:, :-1]
+    nll = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), blocks[:, 1:].reshape(-1))
+    report("test loss: train's metric - direct computation", metrics["test_loss"] - nll.item())
+    assert metrics["test_tokens"] == blocks[:, 1:].numel()
+    assert metrics["test_loss"] == pytest.approx(nll.item(), abs=1e-5)
+    assert 1 < metrics["test_unigram_perplexity"] < 600
+
+
+def bad_inputs(
+    kind: str, tmp_path: pathlib.Path, text_folder: pathlib.Path
+) -> tuple[list[str], str, callable]:
+    """Flags that name a bad input, the message expected, and a function that fixes the input."""
+    import shutil
+
+    data = tmp_path / "data"
+    shutil.copytree(text_folder, data)
+    if kind == "not UTF-8":
+        (data / "broken.txt").write_bytes(b"caf\xe9 \xff\xfe")
+        return ["--data", str(data)], "is not UTF-8 text", lambda: (data / "broken.txt").write_text("café")
+    if kind == "empty validation split":
+        return (
+            ["--data", str(data), "--max-val-chars", "50"],
+            "the validation split (",
+            lambda: None,  # fixed below by a larger budget
+        )
+    if kind == "empty test split":
+        path = dataset_dict(tmp_path, text_folder, test=["", ""])
+        return ["--data", str(path)], "its 'test' split has no text in column 'text' (2 rows)", None
+    if kind == "unreadable dataset":
+        (data / "dataset_info.json").write_text("{}")
+        return (
+            ["--data", str(data)],
+            "looks like a saved `datasets` dataset but cannot be read",
+            lambda: (data / "dataset_info.json").unlink(),
+        )
+    if kind == "tokenizer":
+        (tmp_path / "tok").mkdir()
+        return (
+            ["--data", str(data), "--tokenizer", str(tmp_path / "tok")],
+            "is not a saved tokenizer folder",
+            None,
+        )
+    raise AssertionError(kind)
+
+
+@pytest.mark.parametrize(
+    "kind", ["not UTF-8", "empty validation split", "empty test split", "unreadable dataset", "tokenizer"]
+)
+def test_data_errors_are_found_before_anything_is_written(kind, tmp_path, text_folder, capsys):
+    flags, says, _ = bad_inputs(kind, tmp_path, text_folder)
+    out = tmp_path / "run"
+    argv = [*tiny_argv(out, text_folder, max_steps=2), *flags]
+    capsys.readouterr()  # what making the bad input printed
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert says in err and len(err.strip().splitlines()) == 1, err
+    assert not out.exists()
+
+
+def test_the_same_command_works_once_the_data_is_fixed(tmp_path, text_folder, capsys):
+    """Before training and after it started: neither failure blocks the retry."""
+    flags, _, fix = bad_inputs("not UTF-8", tmp_path, text_folder)
+    out = tmp_path / "run"
+    argv = [*tiny_argv(out, text_folder, max_steps=2), *flags]
+    assert main(argv) == 2
+    fix()
+    assert main(argv) == 0 and (out / "model.safetensors").is_file()
+
+    # an --overwrite whose data turns out bad leaves the earlier run as it was
+    saved = (out / "training_args.json").read_text()
+    bad, says, _ = bad_inputs("empty validation split", tmp_path / "again", text_folder)
+    assert main([*tiny_argv(out, text_folder, max_steps=2), *bad, "--overwrite"]) == 2
+    assert says in capsys.readouterr().err
+    assert (out / "training_args.json").read_text() == saved and (out / "model.safetensors").is_file()
+
+    # a failure inside training, before the first checkpoint (save_every=3): nothing to resume, nothing left
+    fresh = tmp_path / "fresh"
+
+    def crash(step, model):
+        raise RuntimeError("disk on fire")
+
+    with pytest.raises(RuntimeError, match="disk on fire"):
+        train(tiny_args(fresh, text_folder, max_steps=4), step_hook=crash)
+    assert not fresh.exists()
+    assert train(tiny_args(fresh, text_folder, max_steps=4))["steps"] == 4
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the refusal is about machines without CUDA")
+def test_mixed_precision_the_machine_cannot_run_is_refused_before_anything_is_written(tmp_path, capsys):
+    out = tmp_path / "run"
+    assert main(["train", "--output-dir", str(out), "--mixed-precision", "fp8"]) == 2
+    err = capsys.readouterr().err
+    assert (
+        "--mixed-precision fp8 cannot train on this machine (CPU only, no CUDA GPU): fp8 needs an NVIDIA GPU "
+        "of compute capability 8.9 or newer (Ada, Hopper). Here, choose --mixed-precision no, fp16, bf16"
+    ) in err, err
+    assert not out.exists()
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the refusal is about machines without CUDA")
+def test_an_fsdp_launch_without_cuda_is_refused(monkeypatch, tmp_path, text_folder, capsys):
+    from types import SimpleNamespace
+
+    from accelerate.utils import DistributedType
+
+    from swapformer.training.loop import check_distributed
+
+    # what `accelerate launch --use_fsdp --fsdp_version 2 --multi_gpu --num_processes 2` sets in each process
+    launched = dict(
+        ACCELERATE_USE_FSDP="true", FSDP_VERSION="2", ACCELERATE_MIXED_PRECISION="no", WORLD_SIZE="2"
+    )
+    for name, value in launched.items():
+        monkeypatch.setenv(name, value)
+    with pytest.raises(
+        TrainArgumentError, match="asked for FSDP.*no CUDA GPU.*accelerate launch --multi_gpu"
+    ):
+        check_launch(TrainArgs().resolved())
+    monkeypatch.delenv("WORLD_SIZE")
+    out = tmp_path / "run"
+    assert main(tiny_argv(out, text_folder)) == 2
+    assert "every process would train a whole, unsharded copy" in capsys.readouterr().err
+    assert not out.exists()
+    # wherever Accelerate sets up something else than the FSDP asked for, the run stops
+    plain = SimpleNamespace(distributed_type=DistributedType.MULTI_CPU, num_processes=2, device="cpu")
+    with pytest.raises(TrainArgumentError, match="asked for FSDP, but Accelerate set up MULTI_CPU"):
+        check_distributed(plain)
+    monkeypatch.delenv("ACCELERATE_USE_FSDP")
+    check_distributed(plain)
+
+
+def test_train_help_shows_a_data_parallel_launch_that_works_without_gpus(capsys):
+    assert main(["train", "--help"]) == 0
+    text = capsys.readouterr().out
+    assert "accelerate launch --multi_gpu --num_processes 2 -m swapformer train" in text
+    assert "accelerate launch --num_processes 2 -m" not in text

@@ -36,6 +36,8 @@ STDLIB_SKIP = {"site-packages", "dist-packages", "test", "tests", "idle_test", "
 class Document:
     name: str  # a stable identifier: path relative to its root, or dataset row
     text: str
+    # the split a `datasets` DatasetDict put it in ("train", "validation", "test"); None: the hash decides
+    split: str | None = None
 
 
 def stdlib_documents() -> list[Document]:
@@ -61,20 +63,50 @@ def is_saved_dataset(path: str) -> bool:
 
 
 def dataset_documents(path: str, text_column: str) -> list[Document]:
-    """Rows of a `datasets` Dataset (or the `train` split of a DatasetDict) saved with save_to_disk."""
+    """Rows of a `datasets` Dataset saved with save_to_disk, or of the train, validation and test splits
+    of a DatasetDict (its validation split replaces the hashed hold-out; its test split is scored once,
+    after training)."""
     from datasets import DatasetDict, load_from_disk
 
-    ds = load_from_disk(path)
-    if isinstance(ds, DatasetDict):
-        if "train" not in ds:
-            raise TrainArgumentError(f"--data {path!r} is a DatasetDict without a 'train' split: {list(ds)}")
-        ds = ds["train"]
+    try:
+        ds = load_from_disk(path)
+    except Exception as e:  # datasets raises several types for a damaged folder; all mean the same here
+        raise TrainArgumentError(
+            f"--data {path!r} looks like a saved `datasets` dataset but cannot be read ({type(e).__name__}: {e}); "
+            "save it again with save_to_disk, or remove its dataset_info.json/dataset_dict.json to read it as "
+            "a folder of text files"
+        ) from e
+    name = os.path.basename(os.path.normpath(path))
+    if not isinstance(ds, DatasetDict):
+        return _rows(ds, path, text_column, name, None)
+    if "train" not in ds:
+        raise TrainArgumentError(f"--data {path!r} is a DatasetDict without a 'train' split: {list(ds)}")
+    validation = "validation" in ds
+    docs = _rows(
+        ds["train"],
+        path,
+        text_column,
+        f"{name}/train" if validation else name,
+        "train" if validation else None,
+    )
+    for split in ("validation", "test"):
+        if split in ds:
+            rows = _rows(ds[split], path, text_column, f"{name}/{split}", split)
+            if not rows:
+                raise TrainArgumentError(
+                    f"--data {path!r}: its {split!r} split has no text in column {text_column!r} "
+                    f"({len(ds[split])} rows); fill it, or drop the split from the DatasetDict"
+                )
+            docs += rows
+    return docs
+
+
+def _rows(ds, path: str, text_column: str, prefix: str, split: str | None) -> list[Document]:
     if text_column not in ds.column_names:
         raise TrainArgumentError(
             f"--text-column {text_column!r} is not a column of --data {path!r}; columns: {ds.column_names}"
         )
-    name = os.path.basename(os.path.normpath(path))
-    return [Document(f"{name}/{i}", text) for i, text in enumerate(ds[text_column]) if text]
+    return [Document(f"{prefix}/{i}", text, split) for i, text in enumerate(ds[text_column]) if text]
 
 
 def path_documents(path: str) -> list[Document]:
@@ -129,21 +161,27 @@ def load_documents(data: list[str], text_column: str) -> tuple[list[Document], s
 def split_documents(
     docs: list[Document], val_fraction: float, max_train_chars: int, max_val_chars: int
 ) -> tuple[list[Document], list[Document]]:
-    """Train and validation documents. A document is in validation when the hash of its name falls
-    under `val_fraction`; each side is then taken in hash order up to its character budget (0: all),
-    so a budget picks a spread-out sample rather than the first folders alphabetically."""
+    """Train and validation documents (test documents are left out: `documents_of_test_split`). A document
+    a DatasetDict did not place is in validation when the hash of its name falls under `val_fraction`;
+    each side is then taken in hash order up to its character budget (0: all), so a budget picks a
+    spread-out sample rather than the first folders alphabetically."""
 
     def rank(doc: Document) -> float:
         return int.from_bytes(hashlib.sha1(doc.name.encode()).digest()[:8], "big") / 2**64
 
-    ranked = sorted(docs, key=lambda d: (rank(d), d.name))
-    val = [d for d in ranked if rank(d) < val_fraction]
-    train = [d for d in ranked if rank(d) >= val_fraction]
+    ranked = sorted((d for d in docs if d.split != "test"), key=lambda d: (rank(d), d.name))
+    val = [d for d in ranked if d.split == "validation" or (d.split is None and rank(d) < val_fraction)]
+    train = [d for d in ranked if d.split == "train" or (d.split is None and rank(d) >= val_fraction)]
     if not val and len(train) > 1:  # few documents: hold the last one out rather than have no validation
         val = [train.pop()]
     if not val:
         raise TrainArgumentError("--data has a single document; give at least two so one can be held out")
     return _budget(train, max_train_chars), _budget(val, max_val_chars)
+
+
+def documents_of_test_split(docs: list[Document], max_chars: int) -> list[Document]:
+    """The test split's documents (DatasetDict test splits), in name order, within `max_chars`."""
+    return _budget(sorted((d for d in docs if d.split == "test"), key=lambda d: d.name), max_chars)
 
 
 def _budget(docs: list[Document], max_chars: int) -> list[Document]:
@@ -163,6 +201,8 @@ def _budget(docs: list[Document], max_chars: int) -> list[Document]:
 
 def pack(tokenizer, docs: list[Document], seq_len: int) -> torch.Tensor:
     """Token ids of the documents, each followed by `</s>`, cut into (N, seq_len) blocks."""
+    if not docs:  # the tokenizer fails on an empty batch
+        return torch.empty(0, seq_len, dtype=torch.long)
     encoded = tokenizer([d.text for d in docs], add_special_tokens=False)["input_ids"]
     eos = tokenizer.eos_token_id
     stream = np.fromiter((t for ids in encoded for t in (*ids, eos)), dtype=np.int64)

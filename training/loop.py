@@ -21,6 +21,7 @@ import math
 import os
 import pathlib
 import shutil
+import tempfile
 import time
 from dataclasses import dataclass
 
@@ -81,6 +82,7 @@ def check_run(args: TrainArgs) -> tuple[TrainArgs, dict]:
             MODEL_CLASSES[args.arch]._from_config(config, attn_implementation=attn_choice(args.attn))
     except (TypeError, ValueError, ImportError) as e:
         raise TrainArgumentError(f"model options (--config/--set/--attn): {e}") from e
+    check_precision(args.mixed_precision)
     device = "cuda" if torch.cuda.is_available() else "cpu"
     for backend in sorted(attn_backends(args.attn)):
         if device in BACKENDS[backend].backward:
@@ -91,6 +93,43 @@ def check_run(args: TrainArgs) -> tuple[TrainArgs, dict]:
             f"{', '.join(map(repr, trainable))} (and switch backends after training with set_attn_implementation)"
         )
     return args, options
+
+
+def usable_precisions() -> dict[str, str]:
+    """{--mixed-precision value: why it cannot run here, or "" if it can}, for this machine.
+
+    Accelerate accepts every value anywhere and fails later: fp8 on a CPU trained two steps and died
+    in save_state ("invalid python storage") with torchao installed, and raised in the Accelerator
+    without it. fp8 needs Accelerate's fp8 recipes, which run on NVIDIA GPUs of compute capability
+    8.9 or newer (Ada, Hopper) with transformer_engine, MS-AMP or torchao installed."""
+    from accelerate.utils import is_msamp_available, is_torchao_available, is_transformer_engine_available
+
+    usable = {"no": "", "fp16": "", "bf16": "", "fp8": ""}
+    if not torch.cuda.is_available():
+        usable["fp8"] = "fp8 needs an NVIDIA GPU of compute capability 8.9 or newer (Ada, Hopper)"
+        return usable  # torch's CPU autocast runs fp16 and bf16
+    if not torch.cuda.is_bf16_supported():
+        usable["bf16"] = f"{torch.cuda.get_device_name()} has no bf16 support"
+    if torch.cuda.get_device_capability() < (8, 9):
+        major, minor = torch.cuda.get_device_capability()
+        usable["fp8"] = (
+            f"fp8 needs compute capability 8.9 or newer; {torch.cuda.get_device_name()} has {major}.{minor}"
+        )
+    elif not (is_transformer_engine_available() or is_msamp_available() or is_torchao_available()):
+        usable["fp8"] = "fp8 needs transformer_engine, MS-AMP or torchao installed (pip install torchao)"
+    return usable
+
+
+def check_precision(precision: str) -> None:
+    """Refuse a --mixed-precision this machine cannot train with, before anything is written."""
+    why = usable_precisions().get(precision, "")
+    if why:
+        where = torch.cuda.get_device_name() if torch.cuda.is_available() else "CPU only, no CUDA GPU"
+        runs = ", ".join(p for p, reason in usable_precisions().items() if not reason)
+        raise TrainArgumentError(
+            f"--mixed-precision {precision} cannot train on this machine ({where}): {why}. "
+            f"Here, choose --mixed-precision {runs}"
+        )
 
 
 def check_output_dir(args: TrainArgs) -> pathlib.Path | None:
@@ -120,6 +159,11 @@ def check_output_dir(args: TrainArgs) -> pathlib.Path | None:
             raise TrainArgumentError(
                 f"--output-dir {str(out)!r} exists and holds no swapformer run; choose a new or empty folder"
             )
+        if not args.overwrite and latest_checkpoint(out) is None and not (out / "config.json").exists():
+            raise TrainArgumentError(
+                f"--output-dir {str(out)!r} holds a run that stopped before its first checkpoint (killed, or "
+                "it diverged): nothing to resume. Pass --overwrite to start it again, or choose another folder"
+            )
         if not args.overwrite:
             raise TrainArgumentError(
                 f"--output-dir {str(out)!r} already holds a run ({RUN_FILE}); pass --overwrite to replace it "
@@ -135,6 +179,7 @@ def check_launch(args: TrainArgs) -> None:
     launcher; only --multi_gpu makes it run torchrun), with a global batch N times smaller than asked.
     Its trace: MASTER_ADDR set (N > 1) but no WORLD_SIZE. And a launcher --mixed_precision would be
     overridden by this command's --mixed-precision (default "no"), which training_args.json records."""
+    check_sharding_launch()
     launched = os.environ.get("ACCELERATE_MIXED_PRECISION")
     if launched is None:
         return
@@ -153,6 +198,46 @@ def check_launch(args: TrainArgs) -> None:
             f"accelerate launch --mixed_precision {launched} differs from --mixed-precision "
             f"{args.mixed_precision}; give swapformer train --mixed-precision {launched} (it is recorded with "
             "the run's arguments)"
+        )
+
+
+# accelerate launch --use_fsdp / --use_deepspeed (or an `accelerate config` that chose them) set these
+SHARDING_LAUNCHES = {"ACCELERATE_USE_FSDP": "FSDP", "ACCELERATE_USE_DEEPSPEED": "DeepSpeed"}
+
+
+def sharding_requested() -> str | None:
+    """ "FSDP" or "DeepSpeed" when accelerate launched this process for it, else None."""
+    for variable, name in SHARDING_LAUNCHES.items():
+        if os.environ.get(variable, "false").lower() in ("true", "1"):
+            return name
+    return None
+
+
+def check_sharding_launch() -> None:
+    """Accelerate 1.15 sets up FSDP and DeepSpeed only on GPUs; on a machine without CUDA it runs an
+    FSDP launch as plain data parallelism (every process holds the whole model; no error), so refuse it."""
+    sharding = sharding_requested()
+    if sharding is not None and not torch.cuda.is_available():
+        raise TrainArgumentError(
+            f"accelerate launch asked for {sharding} (--use_{sharding.lower()} or an `accelerate config` "
+            f"answer), but this machine has no CUDA GPU, and there Accelerate does not shard: every process "
+            "would train a whole, unsharded copy. On CPU use data parallelism: `accelerate launch --multi_gpu "
+            f"--num_processes N -m swapformer train ...`; {sharding} needs CUDA GPUs"
+        )
+
+
+def check_distributed(accelerator) -> None:
+    """The sharding asked for is the one Accelerate set up (it may fall back silently, e.g. with one
+    process outside torchrun)."""
+    from accelerate.utils import DistributedType
+
+    sharding = sharding_requested()
+    wanted = {"FSDP": DistributedType.FSDP, "DeepSpeed": DistributedType.DEEPSPEED}.get(sharding)
+    if wanted is not None and accelerator.distributed_type != wanted:
+        raise TrainArgumentError(
+            f"accelerate launch asked for {sharding}, but Accelerate set up {accelerator.distributed_type.value} "
+            f"({accelerator.num_processes} process(es) on {accelerator.device}); launch with "
+            f"`accelerate launch --use_{sharding.lower()} --num_processes N` on CUDA GPUs, or drop {sharding}"
         )
 
 
@@ -205,27 +290,97 @@ class RunData:
     objective: object
     order: data_mod.BlockOrder
     val_batches: list[dict]  # the objective applied once, with a fixed generator
+    test_docs: list  # a DatasetDict's test split, scored once after training (may be empty)
+    test_blocks: torch.Tensor
+    test_batches: list[dict]
 
 
 def prepare_data(args: TrainArgs, accelerator, out: pathlib.Path, fresh: bool) -> RunData:
-    """Documents, split, tokenizer (trained or reused by the main process on a fresh run, then read back
-    from the output folder by every process), token blocks and validation batches."""
+    """Documents, split, tokenizer, token blocks and evaluation batches, all checked before anything is
+    written (a bad file, an empty split or an unusable tokenizer must not leave a folder behind).
+
+    Every process reads the documents (the same in each). The main process trains or loads the
+    tokenizer and packs the blocks; if that fails, every process raises its error. Only then does it
+    create the output folder of a fresh run (tokenizer and training_args.json), from which the other
+    processes read the tokenizer."""
     docs, corpus_name = data_mod.load_documents(args.data, args.text_column)
     train_docs, val_docs = data_mod.split_documents(
         docs, args.val_fraction, args.max_train_chars, args.max_val_chars
     )
-    if accelerator.is_main_process and fresh:
-        if args.tokenizer is not None:
-            tokenizer = load_tokenizer(args.tokenizer, args.arch)
-        else:
-            tokenizer = train_tokenizer((d.text for d in train_docs), args.vocab_size)
-        tokenizer.save_pretrained(out)
-        (out / RUN_FILE).write_text(json.dumps(args.to_json(), indent=2) + "\n")
+    test_docs = data_mod.documents_of_test_split(docs, args.max_val_chars)
+    splits = (corpus_name, train_docs, val_docs, test_docs)
+    data, error = None, None
+    if accelerator.is_main_process:
+        try:
+            with tempfile.TemporaryDirectory() as scratch:
+                tokenizer = _run_tokenizer(args, out, fresh, train_docs, scratch)
+                data = _tokenized(args, tokenizer, *splits)
+                if fresh:
+                    start_run_folder(out, args, tokenizer)
+        except Exception as e:
+            error = e
+    _raise_everywhere(accelerator, error)
     accelerator.wait_for_everyone()
-    tokenizer = load_tokenizer(str(out), args.arch)
+    if data is None:
+        data = _tokenized(args, load_tokenizer(str(out), args.arch), *splits)
+    return data
+
+
+def _run_tokenizer(args: TrainArgs, out: pathlib.Path, fresh: bool, train_docs: list, scratch: str):
+    """The run's tokenizer as every process will read it back from the output folder: a fresh one
+    (trained, or --tokenizer) goes through save_pretrained and load_tokenizer in `scratch` first."""
+    if not fresh:
+        return load_tokenizer(str(out), args.arch)
+    if args.tokenizer is not None:
+        try:
+            tokenizer = load_tokenizer(args.tokenizer, args.arch)
+        except TrainArgumentError:
+            raise
+        except (OSError, ValueError) as e:  # what transformers raises for a folder it cannot read
+            raise TrainArgumentError(
+                f"--tokenizer {args.tokenizer!r} is not a saved tokenizer folder ({e}); give a folder written "
+                "by save_pretrained, or omit --tokenizer to train one"
+            ) from e
+    else:
+        tokenizer = train_tokenizer((d.text for d in train_docs), args.vocab_size)
+    tokenizer.save_pretrained(scratch)
+    return load_tokenizer(scratch, args.arch)
+
+
+def start_run_folder(out: pathlib.Path, args: TrainArgs, tokenizer) -> None:
+    """Create a fresh run's folder (replacing the run check_output_dir allowed to replace)."""
+    if out.exists():
+        shutil.rmtree(out)
+    out.mkdir(parents=True)
+    tokenizer.save_pretrained(out)
+    (out / RUN_FILE).write_text(json.dumps(args.to_json(), indent=2) + "\n")
+
+
+def _raise_everywhere(accelerator, error: Exception | None) -> None:
+    """Re-raise the main process's preparation error in it, and a copy in every other process (which
+    would otherwise wait for it at the next collective call forever)."""
+    if accelerator.num_processes > 1:
+        from accelerate.utils import broadcast_object_list
+
+        verdict = [None if error is None else (isinstance(error, TrainArgumentError), str(error))]
+        broadcast_object_list(verdict)
+        if not accelerator.is_main_process and verdict[0] is not None:
+            users, message = verdict[0]
+            raise (TrainArgumentError if users else RuntimeError)(message)
+    if error is not None:
+        raise error
+
+
+def _tokenized(args: TrainArgs, tokenizer, corpus_name, train_docs, val_docs, test_docs) -> RunData:
+    """Token blocks, the objective and the fixed evaluation batches; refuses a split too short for one
+    block."""
     train_blocks = data_mod.pack(tokenizer, train_docs, args.seq_len)
     val_blocks = data_mod.pack(tokenizer, val_docs, args.seq_len)
-    for name, blocks, split in (("training", train_blocks, train_docs), ("validation", val_blocks, val_docs)):
+    test_blocks = data_mod.pack(tokenizer, test_docs, args.seq_len)
+    splits = [("training", train_blocks, train_docs), ("validation", val_blocks, val_docs)]
+    if test_docs:
+        splits.append(("test", test_blocks, test_docs))
+    for name, blocks, split in splits:
         if len(blocks) == 0:
             chars = sum(len(d.text) for d in split)
             raise TrainArgumentError(
@@ -234,15 +389,29 @@ def prepare_data(args: TrainArgs, accelerator, out: pathlib.Path, fresh: bool) -
                 "or lower --seq-len"
             )
     objective = make_objective(tokenizer, args)
-    val_generator = step_generator(args.seed, -1)
-    val_batches = [
-        objective(val_blocks[i : i + args.batch_size], val_generator)
-        for i in range(0, len(val_blocks), args.batch_size)
-    ]
     order = data_mod.BlockOrder(len(train_blocks), args.seed)
     return RunData(
-        tokenizer, corpus_name, train_docs, val_docs, train_blocks, val_blocks, objective, order, val_batches
+        tokenizer,
+        corpus_name,
+        train_docs,
+        val_docs,
+        train_blocks,
+        val_blocks,
+        objective,
+        order,
+        _eval_batches(args, objective, val_blocks, -1),
+        test_docs,
+        test_blocks,
+        _eval_batches(args, objective, test_blocks, -3),
     )
+
+
+def _eval_batches(args: TrainArgs, objective, blocks: torch.Tensor, stream: int) -> list[dict]:
+    """The objective applied once to evaluation blocks, with a generator of their own (`stream`)."""
+    generator = step_generator(args.seed, stream)
+    return [
+        objective(blocks[i : i + args.batch_size], generator) for i in range(0, len(blocks), args.batch_size)
+    ]
 
 
 def build_model(args: TrainArgs, options: dict, tokenizer):
@@ -290,35 +459,56 @@ def train(args: TrainArgs, *, step_hook=None) -> dict:
 
     `step_hook(step, model)`, if given, runs after each optimizer step (tests use it to inject faults).
     """
-    from accelerate import Accelerator
-    from accelerate.state import AcceleratorState
     from accelerate.utils import set_seed
-    from tqdm.auto import tqdm
 
     start_time = time.time()
     args, options = check_run(args)
     check_launch(args)
     resume_from = check_output_dir(args)
     out = pathlib.Path(args.output_dir)
+    accelerator = make_accelerator(args, out)
+    check_distributed(accelerator)
+    set_seed(args.seed)
+    # the preflight: data, tokenizer and blocks are checked before a fresh run's folder is created
+    data = prepare_data(args, accelerator, out, fresh=resume_from is None)
+    try:
+        return _train_prepared(args, options, accelerator, data, out, resume_from, start_time, step_hook)
+    except BaseException as e:
+        if resume_from is None and not isinstance(e, TrainingDiverged):
+            _drop_unstarted_run(accelerator, out)
+        raise
+
+
+def make_accelerator(args: TrainArgs, out: pathlib.Path):
+    """The run's Accelerator (it writes nothing until a checkpoint or the trackers start)."""
+    from accelerate import Accelerator
+    from accelerate.state import AcceleratorState
 
     tracker = "tensorboard" if importlib.util.find_spec("tensorboard") else None
     # accelerate keeps one AcceleratorState per Python process and refuses another mixed precision in a
     # second train() call (a notebook, the tests); the distributed part (PartialState) is kept
     AcceleratorState._reset_state()
-    accelerator = Accelerator(
+    return Accelerator(
         mixed_precision=args.mixed_precision,
         log_with=tracker,
         project_dir=str(out),
         # several processes without GPUs: accelerate only picks CPU data parallelism (gloo) when told
         cpu=not torch.cuda.is_available() and int(os.environ.get("WORLD_SIZE", "1")) > 1,
     )
-    set_seed(args.seed)
-    if accelerator.is_main_process:
-        if resume_from is None and out.exists():
-            shutil.rmtree(out)  # check_output_dir allowed it: --overwrite of a swapformer run
-        out.mkdir(parents=True, exist_ok=True)
-    data = prepare_data(args, accelerator, out, fresh=resume_from is None)
 
+
+def _drop_unstarted_run(accelerator, out: pathlib.Path) -> None:
+    """A fresh run that failed or was interrupted before its first checkpoint leaves nothing to resume:
+    remove its folder, so the same command works again (a diverged run keeps its log to look at)."""
+    if accelerator.is_main_process and latest_checkpoint(out) is None and not (out / "config.json").exists():
+        shutil.rmtree(out, ignore_errors=True)
+
+
+def _train_prepared(args, options, accelerator, data, out, resume_from, start_time, step_hook) -> dict:
+    """The run once its data is ready and (on a fresh run) its folder made: train, evaluate, write."""
+    from tqdm.auto import tqdm
+
+    tracker = bool(accelerator.log_with)
     model = build_model(args, options, data.tokenizer)
     num_parameters = sum(p.numel() for p in model.parameters())
     model, optimizer = accelerator.prepare(model, make_optimizer(model, args))
@@ -396,12 +586,17 @@ def train(args: TrainArgs, *, step_hook=None) -> dict:
     bar.close()
 
     final_eval = _evaluate(accelerator, model, data, state, state["step"])
+    if data.test_batches:  # a DatasetDict's test split: scored once, reported beside validation
+        final_eval = {**final_eval, **_evaluate(accelerator, model, data, state, state["step"], split="test")}
     weights = accelerator.get_state_dict(model)  # whole tensors, also under FSDP (collective: all processes)
     metrics = {}
     if accelerator.is_main_process:
         _log(accelerator, metrics_file, final_eval)
         run = dict(
-            num_parameters=num_parameters, num_processes=accelerator.num_processes, start_time=start_time
+            num_parameters=num_parameters,
+            num_processes=accelerator.num_processes,
+            distributed_type=accelerator.distributed_type.value,
+            start_time=start_time,
         )
         metrics = write_folder(
             out, args, accelerator.unwrap_model(model), weights, data, state, final_eval, run
@@ -444,12 +639,14 @@ def write_folder(out, args, model, weights, data: RunData, state, final_eval, ru
         "val_loss": final_eval["val_loss"],
         "unigram_perplexity": baseline["perplexity"],
         "val_tokens": final_eval["val_tokens"],
+        **_test_metrics(counts, data, final_eval),
         "final_train_loss": state["history"][-1]["loss"],
         "steps": state["step"],
         "tokens_seen": state["step"] * state["global_batch"] * args.seq_len,
         "epochs": data.order.epoch(state["step"] * state["global_batch"]),
         "global_batch": state["global_batch"],
         "num_processes": run["num_processes"],
+        "distributed_type": run["distributed_type"],
         "num_parameters": run["num_parameters"],
         "train_blocks": len(data.train_blocks),
         "val_blocks": len(data.val_blocks),
@@ -475,6 +672,20 @@ def write_folder(out, args, model, weights, data: RunData, state, final_eval, ru
     return metrics
 
 
+def _test_metrics(counts: torch.Tensor, data: RunData, final_eval: dict) -> dict:
+    """The test split's figures (none without one), with the unigram baseline on its targets."""
+    if not data.test_batches:
+        return {}
+    baseline = perplexity(unigram_log_probs(counts, data.test_batches, data.objective.shift))
+    return {
+        "test_perplexity": final_eval["test_perplexity"],
+        "test_loss": final_eval["test_loss"],
+        "test_unigram_perplexity": baseline["perplexity"],
+        "test_tokens": final_eval["test_tokens"],
+        "test_blocks": len(data.test_blocks),
+    }
+
+
 def _log_records(state: dict) -> list[dict]:
     """Step records and evaluation records, in step order (an evaluation before its step's record)."""
     evals = {e["step"]: e for e in state["evals"]}
@@ -495,19 +706,20 @@ def _log(accelerator, path: pathlib.Path, record: dict) -> None:
     accelerator.log({k: v for k, v in record.items() if k != "step"}, step=record["step"])
 
 
-def _evaluate(accelerator, model, data: RunData, state: dict, step: int) -> dict:
-    """Validation loss and perplexity. Every process scores its share of the batches with the wrapped
-    model (each runs the same number of forwards, which FSDP needs; the last share is padded with
-    batch 0), and the main process computes the metric over all rows in batch order."""
+def _evaluate(accelerator, model, data: RunData, state: dict, step: int, split: str = "val") -> dict:
+    """Loss and perplexity on the validation split (`split="val"`, kept in the state's evaluations) or
+    the test split ("test"). Every process scores its share of the batches with the wrapped model (each
+    runs the same number of forwards, which FSDP needs; the last share is padded with batch 0), and the
+    main process computes the metric over all rows in batch order."""
     from accelerate.utils import gather_object
 
     world, rank = accelerator.num_processes, accelerator.process_index
-    val_batches = data.val_batches
-    per_process = -(-len(val_batches) // world)
-    mine = list(range(rank, len(val_batches), world))
+    batches = data.val_batches if split == "val" else data.test_batches
+    per_process = -(-len(batches) // world)
+    mine = list(range(rank, len(batches), world))
     padded = mine + [0] * (per_process - len(mine))
-    rows = model_log_probs(model, [val_batches[i] for i in padded], data.objective.shift)
-    per_batch = [len(val_batches[i]["labels"]) for i in padded]
+    rows = model_log_probs(model, [batches[i] for i in padded], data.objective.shift)
+    per_batch = [len(batches[i]["labels"]) for i in padded]
     scored = []  # (batch index, rows of that batch), padding dropped
     for k, i in enumerate(mine):
         start = sum(per_batch[:k])
@@ -518,11 +730,12 @@ def _evaluate(accelerator, model, data: RunData, state: dict, step: int) -> dict
         result = perplexity([row for _, batch_rows in sorted(scored) for row in batch_rows])
         record = {
             "step": step,
-            "val_loss": result["nll"],
-            "val_perplexity": result["perplexity"],
-            "val_tokens": result["num_tokens"],
+            f"{split}_loss": result["nll"],
+            f"{split}_perplexity": result["perplexity"],
+            f"{split}_tokens": result["num_tokens"],
         }
-        state["evals"].append(record)
+        if split == "val":
+            state["evals"].append(record)
     return record
 
 
@@ -554,9 +767,16 @@ def _corpus_text(args: TrainArgs, data: RunData) -> str:
         if not args.data
         else f"`{', '.join(args.data)}`"
     )
+    test = (
+        f"; test (the dataset's test split, scored once after training): {len(data.test_docs)} documents, "
+        f"{data.test_blocks.numel():,} tokens"
+        if data.test_docs
+        else ""
+    )
     return (
         f"`{data.corpus_name}`: {source}. Documents go to validation by a hash of their name "
-        f"(fraction {args.val_fraction}), so the split is deterministic. Training: {len(data.train_docs)} "
-        f"documents, {data.train_blocks.numel():,} tokens; validation: {len(data.val_docs)} documents, "
-        f"{data.val_blocks.numel():,} tokens (blocks of {args.seq_len} tokens, documents joined by `</s>`)."
+        f"(fraction {args.val_fraction}; a dataset's own validation split instead, where it has one), so the "
+        f"split is deterministic. Training: {len(data.train_docs)} documents, {data.train_blocks.numel():,} "
+        f"tokens; validation: {len(data.val_docs)} documents, {data.val_blocks.numel():,} tokens{test} "
+        f"(blocks of {args.seq_len} tokens, documents joined by `</s>`)."
     )
