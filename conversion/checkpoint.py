@@ -528,9 +528,10 @@ def _check_implied_config(config, ours: str, family: str, candidates: dict) -> N
     has = ", ".join(
         f"{k}={getattr(config, k, None)!r}" for k in {k for a in candidates.values() for k in a.config}
     )
+    example = ", ".join(f"{k}={v!r}" for k, v in next(iter(candidates.values())).config.items())
     raise ConversionError(
         f"{ours} with {has} has no {family} counterpart: {needs}. Build the model with those values "
-        "(e.g. from_pretrained(..., add_pooling_layer=False)) before fine-tuning it, to convert it back"
+        f"before fine-tuning it (from_pretrained(folder, {example})) to convert it back"
     )
 
 
