@@ -13,6 +13,8 @@ attributes, derived values are filled in `__post_init__`, and base fields such a
 
 from __future__ import annotations
 
+import math
+
 from transformers import PreTrainedConfig
 
 from .backends import LAYER_TYPE_PATTERN, PER_LAYER_BACKEND, check_backend_name, check_layer_backends
@@ -44,14 +46,30 @@ def _check_int(name: str, value, minimum: int) -> None:
         raise ValueError(f"{name} must be >= {minimum}, got {name}={value}")
 
 
-def _check_float(name: str, value, low: float, high: float | None = None, *, high_inclusive=False) -> None:
+def _check_number(
+    name: str, value, *, minimum: float, maximum: float | None = None, above: bool = False, fix: str
+) -> None:
+    """A finite real number >= `minimum` (> when `above`) and <= `maximum`. Only what cannot work is
+    refused: values transformers' own configs and tests use (eps 1.0, initializer_range 0) pass."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise TypeError(f"{name} must be a number, got {value!r} ({type(value).__name__})")
-    too_high = high is not None and (value > high if high_inclusive else value >= high)
-    if value < low or too_high:
-        bound = "" if high is None else (f", {high}]" if high_inclusive else f", {high})")
-        interval = f"[{low}{bound or ', inf)'}"
-        raise ValueError(f"{name} must lie in {interval}, got {name}={value}")
+        raise TypeError(f"{name} must be a number, got {value!r} ({type(value).__name__}); {fix}")
+    low_ok = value > minimum if above else value >= minimum
+    if not (math.isfinite(value) and low_ok and (maximum is None or value <= maximum)):
+        if maximum is not None:
+            bound = f"lie in [{minimum:g}, {maximum:g}]"
+        else:
+            bound = f"be a finite number {'>' if above else '>='} {minimum:g}"
+        raise ValueError(f"{name} must {bound}, got {name}={value!r}; {fix}")
+
+
+def _check_probability(name: str, value) -> None:
+    _check_number(
+        name,
+        value,
+        minimum=0.0,
+        maximum=1.0,
+        fix="it is a dropout probability (0.1 is usual, 0 turns it off)",
+    )
 
 
 def _check_choice(name: str, value, choices: tuple[str, ...]) -> None:
@@ -95,6 +113,10 @@ class SwapformerConfig(PreTrainedConfig):
         attention_bias, mlp_bias: biases of the attention and MLP projections.
         attention_scale: factor applied to q.k; `None` means `head_dim ** -0.5` (T5 uses 1.0).
         hidden_dropout: dropout on embeddings and on each residual branch.
+        embedding_dropout: dropout on the embeddings alone; `None` means `hidden_dropout` (GPT-2's
+            `embd_pdrop` may differ from its `resid_pdrop`).
+        final_dropout: apply `hidden_dropout` once more to each stack's output, after its final norm
+            (T5 does; BERT, GPT-2, Llama and BART do not).
         attention_dropout: dropout on attention probabilities.
         activation_dropout: dropout after the MLP activation.
         classifier_dropout: dropout of classification heads; `None` means `hidden_dropout`.
@@ -143,6 +165,8 @@ class SwapformerConfig(PreTrainedConfig):
     mlp_bias: bool = True
     attention_scale: float | None = None
     hidden_dropout: float = 0.1
+    embedding_dropout: float | None = None
+    final_dropout: bool = False
     attention_dropout: float = 0.0
     activation_dropout: float = 0.0
     classifier_dropout: float | None = None
@@ -239,15 +263,34 @@ class SwapformerConfig(PreTrainedConfig):
             ("random_seed", 0),
         ):
             _check_int(name, getattr(self, name), minimum)
-        _check_float("rope_theta", self.rope_theta, 1.0)
-        _check_float("norm_eps", self.norm_eps, 0.0, 1.0)
-        _check_float("initializer_range", self.initializer_range, 0.0, 1.0, high_inclusive=True)
+        _check_number(
+            "rope_theta", self.rope_theta, minimum=0.0, above=True, fix="the usual RoPE base is 10000.0"
+        )
+        _check_number(
+            "norm_eps",
+            self.norm_eps,
+            minimum=0.0,
+            above=True,
+            fix="it keeps the norm's division away from zero (1e-5 for LayerNorm, 1e-6 for RMSNorm are usual)",
+        )
+        _check_number(
+            "initializer_range",
+            self.initializer_range,
+            minimum=0.0,
+            fix="it is the std of the initial weights (0.02 is usual)",
+        )
         if self.attention_scale is not None:
-            _check_float("attention_scale", self.attention_scale, 0.0)
+            _check_number(
+                "attention_scale",
+                self.attention_scale,
+                minimum=0.0,
+                fix="or None for head_dim ** -0.5 (T5 uses 1.0)",
+            )
         for name in ("hidden_dropout", "attention_dropout", "activation_dropout"):
-            _check_float(name, getattr(self, name), 0.0, 1.0)
-        if self.classifier_dropout is not None:
-            _check_float("classifier_dropout", self.classifier_dropout, 0.0, 1.0)
+            _check_probability(name, getattr(self, name))
+        for name in ("classifier_dropout", "embedding_dropout"):
+            if getattr(self, name) is not None:
+                _check_probability(name, getattr(self, name))
         for name in (
             "pre_norm",
             "embedding_norm",
@@ -256,6 +299,7 @@ class SwapformerConfig(PreTrainedConfig):
             "mlp_bias",
             "tie_word_embeddings",
             "use_cache",
+            "final_dropout",
         ):
             _check_bool(name, getattr(self, name))
         for name in self._token_id_fields():
@@ -348,15 +392,22 @@ class EncoderConfig(SwapformerConfig):
 
     Args:
         type_vocab_size: rows of the token-type (segment) embedding; 0 means none (BERT uses 2).
+        add_pooling_layer: BERT's pooler (first token, dense, tanh): `EncoderModel` returns it as
+            `pooler_output`, and `EncoderForSequenceClassification` classifies it as
+            `BertForSequenceClassification` does (pooler, dropout, linear). Off: the classifier is
+            RoBERTa's head on the first token (dropout, dense, tanh, dropout, linear). Converted BERT
+            checkpoints turn it on, so a classifier fine-tuned from them starts from the trained pooler.
     """
 
     model_type = "swapformer_encoder"
 
     type_vocab_size: int = 0
+    add_pooling_layer: bool = False
 
     def _validate(self) -> None:
         super()._validate()
         _check_int("type_vocab_size", self.type_vocab_size, 0)
+        _check_bool("add_pooling_layer", self.add_pooling_layer)
 
 
 class DecoderConfig(SwapformerConfig):
@@ -376,6 +427,8 @@ class Seq2SeqConfig(SwapformerConfig):
         decoder_start_token_id: first decoder input when decoder inputs are made from labels.
         scale_decoder_outputs: multiply the decoder's last hidden state by hidden_size ** -0.5 before
             the LM head (T5 v1.0, whose output projection is the input embedding).
+        add_final_logits_bias: the LM adds a fixed per-token bias to its logits, the buffer
+            `final_logits_bias` (1, vocab_size) of BART, saved with the weights and not trained.
     """
 
     model_type = "swapformer_seq2seq"
@@ -384,6 +437,7 @@ class Seq2SeqConfig(SwapformerConfig):
     decoder_layer_types: list[str] | None = None
     shared_embeddings: bool = True
     scale_decoder_outputs: bool = False
+    add_final_logits_bias: bool = False
     decoder_start_token_id: int | None = None
     is_encoder_decoder: bool = True
     causal = True  # of the decoder's self-attention; the encoder is always bidirectional
@@ -405,6 +459,7 @@ class Seq2SeqConfig(SwapformerConfig):
         )
         _check_bool("shared_embeddings", self.shared_embeddings)
         _check_bool("scale_decoder_outputs", self.scale_decoder_outputs)
+        _check_bool("add_final_logits_bias", self.add_final_logits_bias)
         if not self.is_encoder_decoder:
             raise ValueError("Seq2SeqConfig needs is_encoder_decoder=True")
 

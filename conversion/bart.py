@@ -1,5 +1,6 @@
 """BART (`BartModel`, `BartForConditionalGeneration`) -> swapformer `Seq2SeqModel` /
-`Seq2SeqForConditionalGeneration`: post-LN, learned positions offset by 2, embedding LayerNorm."""
+`Seq2SeqForConditionalGeneration`: post-LN, learned positions offset by 2, embedding LayerNorm; the LM
+adds BART's `final_logits_bias` buffer to its logits (`add_final_logits_bias`)."""
 
 from __future__ import annotations
 
@@ -34,9 +35,9 @@ ARCHITECTURES = {
         prefixed(BASE_RULES, "model.", "model.")
         + [
             Rule(r"lm_head\.weight", "lm_head.weight"),
-            # all zeros in BART checkpoints; swapformer's LM head has no bias (a non-zero one fails verification)
-            Rule(r"final_logits_bias", ASIDE + "final_logits_bias"),
+            Rule(r"final_logits_bias", "final_logits_bias"),
         ],
+        {"add_final_logits_bias": True},
     ),
 }
 RULES = ARCHITECTURES["BartForConditionalGeneration"].rules + BASE_RULES

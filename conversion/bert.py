@@ -1,11 +1,15 @@
 """BERT (`BertModel` and its masked-LM, sequence, token classification and question answering heads)
--> swapformer `EncoderModel` and heads: a post-LN encoder with learned positions, token types and an
-embedding LayerNorm. RoBERTa (roberta.py) has the same layers under other names for its heads."""
+-> swapformer `EncoderModel` and heads: a post-LN encoder with learned positions, token types, an
+embedding LayerNorm and BERT's pooler (`add_pooling_layer`), which `BertModel` returns and
+`BertForSequenceClassification` classifies. RoBERTa (roberta.py) has the same layers under other
+names for its heads."""
 
 from __future__ import annotations
 
 from ..configuration.configuration_swapformer import EncoderConfig
 from .rules import ASIDE, Architecture, Rule, prefixed, split_rows
+
+POOLER_RULE = Rule(r"pooler\.dense\.(weight|bias)", r"pooler.dense.\1")
 
 _L = r"encoder\.layer\.(\d+)\."
 LAYER_RULES = [
@@ -24,9 +28,7 @@ LAYER_RULES = [
 BASE_RULES = [
     *LAYER_RULES,
     Rule(r"embeddings\.position_embeddings\.weight", "embed_positions.weight"),
-    # The base encoder has no pooler (the classification head carries its own dense layer); the
-    # pooler of a BertModel is kept aside, for the reverse conversion.
-    Rule(r"pooler\.dense\.(weight|bias)", ASIDE + r"pooler.dense.\1"),
+    POOLER_RULE,
 ]
 
 
@@ -40,14 +42,24 @@ def positions_from_row(offset: int) -> Rule:
     )
 
 
-def encoder_heads(prefix: str, base_rules: list[Rule], mlm_rules: list[Rule], seq_rules: list[Rule]):
+def encoder_heads(
+    prefix: str,
+    base_rules: list[Rule],
+    mlm_rules: list[Rule],
+    seq_rules: list[Rule],
+    seq_pooler: bool,
+    mlm_check=None,
+):
     """The five encoder classes, for a family whose heads nest the encoder under `prefix`. Head rules
-    come first: they win over the base rules (BERT's classifier reads the pooler the base sets aside)."""
+    come first: they win over the base rules. The base model has a pooler; the sequence classifier
+    reads it when `seq_pooler` (BERT), and has a head of its own otherwise (RoBERTa)."""
     nested = prefixed(base_rules, prefix, "model.")
     return {
-        "Model": Architecture("EncoderModel", base_rules),
-        "ForMaskedLM": Architecture("EncoderForMaskedLM", mlm_rules + nested),
-        "ForSequenceClassification": Architecture("EncoderForSequenceClassification", seq_rules + nested),
+        "Model": Architecture("EncoderModel", base_rules, {"add_pooling_layer": True}),
+        "ForMaskedLM": Architecture("EncoderForMaskedLM", mlm_rules + nested, check=mlm_check),
+        "ForSequenceClassification": Architecture(
+            "EncoderForSequenceClassification", seq_rules + nested, {"add_pooling_layer": seq_pooler}
+        ),
         "ForTokenClassification": Architecture(
             "EncoderForTokenClassification", [Rule(r"classifier\.(weight|bias)", r"classifier.\1"), *nested]
         ),
@@ -70,10 +82,8 @@ ARCHITECTURES = {
             # cls.predictions.bias is the decoder's bias under a second name (tied in transformers)
             Rule(_P + r"(decoder\.)?bias", "lm_head.decoder.bias"),
         ],
-        seq_rules=[
-            Rule(r"bert\.pooler\.dense\.(weight|bias)", r"classifier.dense.\1"),
-            Rule(r"classifier\.(weight|bias)", r"classifier.out_proj.\1"),
-        ],
+        seq_rules=[Rule(r"classifier\.(weight|bias)", r"classifier.\1")],
+        seq_pooler=True,
     ).items()
 }
 RULES = ARCHITECTURES["BertModel"].rules
@@ -105,6 +115,9 @@ def encoder_config(hf, **fields) -> EncoderConfig:
         initializer_range=hf.initializer_range,
         pad_token_id=hf.pad_token_id,
         tie_word_embeddings=True,
+        # BERT's pooler belongs to the architecture: a sequence classifier later fine-tuned from any
+        # converted BERT reads it, as BertForSequenceClassification would (heads without it skip it)
+        add_pooling_layer=True,
     )
     values.update(fields)
     return EncoderConfig(**values, **label_fields(hf))

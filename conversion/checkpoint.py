@@ -41,8 +41,8 @@ from .rules import (
 )
 
 TOLERANCE = 1e-4
-# Source tensors the swapformer model does not use (BERT's pooler, BART's two leading position rows),
-# kept beside the model so that the reverse conversion gives them back.
+# Source tensors the swapformer model does not use (the leading rows of BART's and RoBERTa's position
+# tables), kept beside the model so that the reverse conversion gives them back.
 UNUSED_WEIGHTS = "unused_source_weights.safetensors"
 TOKENIZER_FILES = (
     "tokenizer.json",
@@ -293,6 +293,8 @@ def compare(reference, candidate, config, pad_token_id: int | None) -> tuple[dic
     for name in ("logits", "start_logits", "end_logits"):
         if getattr(a, name, None) is not None:
             diffs[name] = _diff(getattr(a, name), getattr(b, name), token_mask)
+    if getattr(a, "pooler_output", None) is not None:  # (B, E): one vector per row, no token mask
+        diffs["pooler output"] = _diff(a.pooler_output, b.pooler_output, None)
     return diffs, inputs["input_ids"].shape[1]
 
 
@@ -615,7 +617,11 @@ def build_target(module, arch, hf_config, source: dict[str, torch.Tensor], *, me
     from .. import modeling
 
     target_class = getattr(modeling, arch.target)
+    if arch.check is not None:
+        arch.check(hf_config)
     config = module.config_from_hf(hf_config)
+    for name, value in arch.config.items():
+        setattr(config, name, value)
     make = (
         (lambda: _on_meta(target_class, copy.deepcopy(config)))
         if meta
@@ -636,6 +642,29 @@ def build_target(module, arch, hf_config, source: dict[str, torch.Tensor], *, me
         raise ConversionError(f"load_state_dict disagreed with the key check: {result}")
     model.tie_weights()
     return model.eval(), state, aside
+
+
+def _implied_config_holds(config, arch) -> bool:
+    return all(getattr(config, name, None) == value for name, value in arch.config.items())
+
+
+def _check_implied_config(config, ours: str, family: str, candidates: dict) -> None:
+    """Refuse a model whose config no candidate class implies (a RoBERTa classifier built with BERT's
+    pooler has no RoBERTa class), naming the values and what each class needs."""
+    if any(_implied_config_holds(config, arch) for arch in candidates.values()):
+        return
+    needs = "; ".join(
+        f"{name} needs " + ", ".join(f"{k}={v!r}" for k, v in arch.config.items())
+        for name, arch in candidates.items()
+    )
+    has = ", ".join(
+        f"{k}={getattr(config, k, None)!r}" for k in {k for a in candidates.values() for k in a.config}
+    )
+    example = ", ".join(f"{k}={v!r}" for k, v in next(iter(candidates.values())).config.items())
+    raise ConversionError(
+        f"{ours} with {has} has no {family} counterpart: {needs}. Build the model with those values "
+        f"before fine-tuning it (from_pretrained(folder, {example})) to convert it back"
+    )
 
 
 def _to_hf(src: Path, tmp: Path, *, use_safetensors: bool, log) -> ConversionReport:
@@ -666,7 +695,11 @@ def _to_hf(src: Path, tmp: Path, *, use_safetensors: bool, log) -> ConversionRep
         raise ConversionError(
             f"{ours} has no {origin['model_type']} counterpart; it converts back: {', '.join(archs)}"
         )
+    _check_implied_config(config, ours, origin["model_type"], {a: archs[a] for a in candidates})
+    candidates = [a for a in candidates if _implied_config_holds(config, archs[a])]
     arch = origin.get("architecture") if origin.get("architecture") in candidates else candidates[0]
+    if archs[arch].check is not None:
+        archs[arch].check(hf_config)
     hf_class = getattr(transformers, arch)
     log(f"converting {ours} from {src} back to {arch} ({origin['model_type']})")
 

@@ -1,10 +1,12 @@
 """RoBERTa (`RobertaModel` and heads) -> swapformer `EncoderModel` and heads: BERT's layers; positions
-counted from padding_idx + 1 (the rows before it are set aside), one token type.
+counted from padding_idx + 1 (the rows before it are set aside), one token type. `RobertaModel` keeps
+its pooler (`add_pooling_layer=True`); the heads have none, and `RobertaForSequenceClassification`'s
+own head (dropout, dense, tanh, dropout, out_proj) is swapformer's classifier without a pooler.
 
 transformers' RoBERTa counts positions over tokens that are not `pad_token_id`; swapformer counts them
 over `attention_mask`, so the converted model needs the attention mask whenever a batch is padded
 (the tokenizer returns it). Its LM head applies `hidden_act` where RoBERTa's always uses GELU: a
-checkpoint with another activation fails verification instead of converting wrongly.
+masked LM with another activation is refused, naming the tensor.
 """
 
 from __future__ import annotations
@@ -12,22 +14,28 @@ from __future__ import annotations
 from ..configuration.configuration_swapformer import EncoderConfig
 from .bert import (
     LAYER_RULES,
+    POOLER_RULE,
     check_encoder,
     encoder_config,
     encoder_heads,
     hf_encoder_fields,
     positions_from_row,
 )
-from .rules import ASIDE, Rule
+from .rules import ConversionError, Rule
+
+
+def check_lm_head(hf) -> None:
+    if hf.hidden_act != "gelu":
+        raise ConversionError(
+            f"RobertaForMaskedLM's lm_head.dense cannot map: RoBERTa's LM head applies GELU after it whatever "
+            f"hidden_act says, and swapformer's masked-LM head applies hidden_act={hf.hidden_act!r}. Convert the "
+            "encoder alone (RobertaModel), or a checkpoint with hidden_act='gelu'"
+        )
 
 
 def architectures(offset: int):
     """RoBERTa's classes for a position table whose first `offset` rows real tokens never read."""
-    base = [
-        *LAYER_RULES,
-        positions_from_row(offset),
-        Rule(r"pooler\.dense\.(weight|bias)", ASIDE + r"pooler.dense.\1"),
-    ]
+    base = [*LAYER_RULES, positions_from_row(offset), POOLER_RULE]
     return {
         "Roberta" + suffix: arch
         for suffix, arch in encoder_heads(
@@ -41,6 +49,8 @@ def architectures(offset: int):
                 Rule(r"lm_head\.(decoder\.)?bias", "lm_head.decoder.bias"),
             ],
             seq_rules=[Rule(r"classifier\.(dense|out_proj)\.(weight|bias)", r"classifier.\1.\2")],
+            seq_pooler=False,
+            mlm_check=check_lm_head,
         ).items()
     }
 
@@ -57,7 +67,11 @@ def config_from_hf(hf) -> EncoderConfig:
     check_encoder(hf)
     if hf.pad_token_id is None:
         raise ValueError("RoBERTa needs pad_token_id: its positions start at pad_token_id + 1")
-    return encoder_config(hf, max_position_embeddings=hf.max_position_embeddings - position_offset(hf))
+    return encoder_config(
+        hf,
+        max_position_embeddings=hf.max_position_embeddings - position_offset(hf),
+        add_pooling_layer=False,  # only RobertaModel has one (its Architecture says so)
+    )
 
 
 def config_to_hf(cfg: EncoderConfig):

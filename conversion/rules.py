@@ -7,8 +7,8 @@ return anything when a source key is left unmapped, a target key is missing, or 
 produced twice, listing the keys. `invert_state_dict` runs the same rules backwards (every transform
 has an exact inverse), so a converted checkpoint goes back bit for bit.
 
-Source tensors the swapformer model has no use for (BERT's pooler, the offset rows of BART's position
-table) are renamed to `ASIDE + name`: kept beside the model, never silently dropped, and given back
+Source tensors the swapformer model has no use for (the offset rows of BART's and RoBERTa's position
+tables) are renamed to `ASIDE + name`: kept beside the model, never silently dropped, and given back
 by the reverse conversion.
 """
 
@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -120,10 +120,16 @@ def split_last(parts: int, transposed: bool) -> Transform:
 
 @dataclass(frozen=True)
 class Architecture:
-    """One source model class of a family: the swapformer class it becomes and the rules of its keys."""
+    """One source model class of a family: the swapformer class it becomes, the rules of its keys,
+    and the swapformer config values the class implies (RoBERTa's base model has a pooler, its
+    classifier does not); the reverse conversion picks the class whose values the config has."""
 
     target: str
     rules: list[Rule]
+    config: dict = field(default_factory=dict)
+    # Called with the transformers config, both ways; raises ConversionError naming a tensor that
+    # cannot carry the same function into the other class, and why.
+    check: Callable | None = None
 
 
 class ConversionError(ValueError):

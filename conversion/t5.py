@@ -76,6 +76,7 @@ def config_from_hf(hf) -> Seq2SeqConfig:
         hidden_dropout=hf.dropout_rate,
         attention_dropout=hf.dropout_rate,
         activation_dropout=hf.dropout_rate,
+        final_dropout=True,  # T5Stack applies its dropout again after the final layer norm
         shared_embeddings=True,
         # whether the LM head really shares the embedding is read from the weights by the converter
         tie_word_embeddings=True,

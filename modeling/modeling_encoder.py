@@ -6,7 +6,7 @@ import torch
 from torch import nn
 from transformers.activations import ACT2FN
 from transformers.modeling_outputs import (
-    BaseModelOutput,
+    BaseModelOutputWithPooling,
     MaskedLMOutput,
     QuestionAnsweringModelOutput,
     SequenceClassifierOutput,
@@ -28,10 +28,24 @@ class EncoderPreTrainedModel(SwapformerPreTrainedModel):
     config_class = EncoderConfig
 
 
-class EncoderModel(StackMixin, EncoderPreTrainedModel):
-    """Token ids to contextual hidden states (B, T, E)."""
+class Pooler(nn.Module):
+    """BERT's pooler: the first token's hidden state through dense and tanh, (B, T, E) -> (B, E)."""
 
     def __init__(self, config: EncoderConfig):
+        super().__init__()
+        self.dense = nn.Linear(config.hidden_size, config.hidden_size)
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        return torch.tanh(self.dense(h[:, 0]))
+
+
+class EncoderModel(StackMixin, EncoderPreTrainedModel):
+    """Token ids to contextual hidden states (B, T, E), and BERT's `pooler_output` (B, E) when the
+    config has `add_pooling_layer`."""
+
+    def __init__(self, config: EncoderConfig, add_pooling_layer: bool | None = None):
+        """add_pooling_layer: overrides the config's; heads that never read the pooler pass False
+        (as BERT's masked-LM, token and span heads do), so they hold no unused weights."""
         super().__init__(config)
         self.init_stack(
             config,
@@ -41,6 +55,9 @@ class EncoderModel(StackMixin, EncoderPreTrainedModel):
             layer_types=config.layer_types,
             token_types=True,
         )
+        if add_pooling_layer is None:
+            add_pooling_layer = config.add_pooling_layer
+        self.pooler = Pooler(config) if add_pooling_layer else None
         self.post_init()
 
     def forward(
@@ -54,7 +71,7 @@ class EncoderModel(StackMixin, EncoderPreTrainedModel):
         output_hidden_states: bool | None = None,
         return_dict: bool | None = None,
         global_attention_mask: torch.Tensor | None = None,
-    ) -> BaseModelOutput | tuple:
+    ) -> BaseModelOutputWithPooling | tuple:
         """global_attention_mask: (B, T), 1 for tokens that attend to and are attended by all tokens
         in sliding_global/bigbird layers (e.g. the CLS token, question tokens)."""
         cfg = self.config
@@ -70,9 +87,13 @@ class EncoderModel(StackMixin, EncoderPreTrainedModel):
             if output_hidden_states is None
             else output_hidden_states,
         )
-        return finish_output(
-            cfg, BaseModelOutput(last_hidden_state=h, hidden_states=hidden, attentions=attns), return_dict
+        out = BaseModelOutputWithPooling(
+            last_hidden_state=h,
+            pooler_output=self.pooler(h) if self.pooler is not None else None,
+            hidden_states=hidden,
+            attentions=attns,
         )
+        return finish_output(cfg, out, return_dict)
 
 
 class MaskedLMHead(nn.Module):
@@ -95,7 +116,7 @@ class EncoderForMaskedLM(EncoderPreTrainedModel):
 
     def __init__(self, config: EncoderConfig):
         super().__init__(config)
-        self.model = EncoderModel(config)
+        self.model = EncoderModel(config, add_pooling_layer=False)
         self.lm_head = MaskedLMHead(config)
         self.post_init()
 
@@ -141,27 +162,39 @@ class EncoderForMaskedLM(EncoderPreTrainedModel):
         return finish_output(self.config, result, return_dict)
 
 
+def classifier_dropout(config: EncoderConfig) -> float:
+    return config.classifier_dropout if config.classifier_dropout is not None else config.hidden_dropout
+
+
 class ClassificationHead(nn.Module):
-    """dense -> tanh -> dropout -> out_proj on the first token (BERT's pooler + classifier)."""
+    """dropout -> dense -> tanh -> dropout -> out_proj on the first token: RoBERTa's head, for
+    encoders without a pooler."""
 
     def __init__(self, config: EncoderConfig):
         super().__init__()
-        dropout = (
-            config.classifier_dropout if config.classifier_dropout is not None else config.hidden_dropout
-        )
         self.dense = nn.Linear(config.hidden_size, config.hidden_size)
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = nn.Dropout(classifier_dropout(config))
         self.out_proj = nn.Linear(config.hidden_size, config.num_labels)
 
     def forward(self, h: torch.Tensor) -> torch.Tensor:
-        return self.out_proj(self.dropout(torch.tanh(self.dense(h[:, 0]))))
+        x = torch.tanh(self.dense(self.dropout(h[:, 0])))
+        return self.out_proj(self.dropout(x))
 
 
 class EncoderForSequenceClassification(EncoderPreTrainedModel):
+    """With `add_pooling_layer`: BERT's classifier, pooler -> dropout -> linear `classifier` (so a
+    model converted from BERT starts from its trained pooler). Without: RoBERTa's head `classifier`
+    (`ClassificationHead`) on the first token."""
+
     def __init__(self, config: EncoderConfig):
         super().__init__(config)
         self.model = EncoderModel(config)
-        self.classifier = ClassificationHead(config)
+        if self.model.pooler is not None:
+            self.dropout = nn.Dropout(classifier_dropout(config))
+            self.classifier = nn.Linear(config.hidden_size, config.num_labels)
+        else:
+            self.dropout = None
+            self.classifier = ClassificationHead(config)
         self.post_init()
 
     def forward(
@@ -189,7 +222,10 @@ class EncoderForSequenceClassification(EncoderPreTrainedModel):
             global_attention_mask=global_attention_mask,
             return_dict=True,
         )
-        logits = self.classifier(out.last_hidden_state)
+        if self.dropout is not None:
+            logits = self.classifier(self.dropout(out.pooler_output))
+        else:
+            logits = self.classifier(out.last_hidden_state)
         loss = sequence_classification_loss(self.config, logits, labels) if labels is not None else None
         result = SequenceClassifierOutput(
             loss=loss, logits=logits, hidden_states=out.hidden_states, attentions=out.attentions
@@ -202,11 +238,8 @@ class EncoderForTokenClassification(EncoderPreTrainedModel):
 
     def __init__(self, config: EncoderConfig):
         super().__init__(config)
-        dropout = (
-            config.classifier_dropout if config.classifier_dropout is not None else config.hidden_dropout
-        )
-        self.model = EncoderModel(config)
-        self.dropout = nn.Dropout(dropout)
+        self.model = EncoderModel(config, add_pooling_layer=False)
+        self.dropout = nn.Dropout(classifier_dropout(config))
         self.classifier = nn.Linear(config.hidden_size, config.num_labels)
         self.post_init()
 
@@ -249,7 +282,7 @@ class EncoderForTokenClassification(EncoderPreTrainedModel):
 class EncoderForQuestionAnswering(EncoderPreTrainedModel):
     def __init__(self, config: EncoderConfig):
         super().__init__(config)
-        self.model = EncoderModel(config)
+        self.model = EncoderModel(config, add_pooling_layer=False)
         self.qa_outputs = nn.Linear(config.hidden_size, 2)
         self.post_init()
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import torch
 from torch import nn
+from transformers import initialization as init
 from transformers.cache_utils import Cache, DynamicCache, DynamicLayer, EncoderDecoderCache
 from transformers.modeling_outputs import (
     BaseModelOutput,
@@ -116,13 +117,21 @@ class Seq2SeqPreTrainedModel(SwapformerPreTrainedModel):
     config_class = Seq2SeqConfig
 
     def resize_token_embeddings(self, new_num_tokens=None, pad_to_multiple_of=None, mean_resizing=True):
-        """Also resizes the decoder's own embedding when `shared_embeddings=False`."""
+        """Also resizes the decoder's own embedding when `shared_embeddings=False`, and the LM's
+        `final_logits_bias` (new tokens get 0, as in BART)."""
         base = self.model if isinstance(self, Seq2SeqForConditionalGeneration) else self
         if new_num_tokens is not None and base.shared is None:
             base.decoder.embed_tokens = self._get_resized_embeddings(
                 base.decoder.embed_tokens, new_num_tokens, pad_to_multiple_of, mean_resizing
             )
-        return super().resize_token_embeddings(new_num_tokens, pad_to_multiple_of, mean_resizing)
+        embeddings = super().resize_token_embeddings(new_num_tokens, pad_to_multiple_of, mean_resizing)
+        bias = getattr(self, "final_logits_bias", None)
+        if bias is not None and bias.shape[-1] != embeddings.num_embeddings:
+            n = embeddings.num_embeddings
+            resized = bias.new_zeros(1, n)
+            resized[:, : min(n, bias.shape[-1])] = bias[:, :n]
+            self.final_logits_bias = resized
+        return embeddings
 
 
 class Seq2SeqModel(Seq2SeqPreTrainedModel):
@@ -244,7 +253,17 @@ class Seq2SeqForConditionalGeneration(Seq2SeqPreTrainedModel, SwapformerGenerati
         self._tied_weights_keys = {"lm_head.weight": source}
         self.model = Seq2SeqModel(config)
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        if config.add_final_logits_bias:
+            # BART's: a buffer, so it is saved and loaded but not trained
+            self.register_buffer("final_logits_bias", torch.zeros(1, config.vocab_size))
+        else:
+            self.final_logits_bias = None
         self.post_init()
+
+    def _init_weights(self, module: nn.Module) -> None:
+        super()._init_weights(module)
+        if module is self and self.final_logits_bias is not None:
+            init.zeros_(self.final_logits_bias)
 
     def get_encoder(self, modality: str | None = None):
         return self.model.encoder
@@ -301,6 +320,8 @@ class Seq2SeqForConditionalGeneration(Seq2SeqPreTrainedModel, SwapformerGenerati
         if self.config.scale_decoder_outputs:
             h = h * self.config.hidden_size**-0.5  # T5 v1.0: the tied embedding read as output projection
         logits = self.lm_head(keep_positions(h, logits_to_keep))
+        if self.final_logits_bias is not None:
+            logits = logits + self.final_logits_bias.to(logits.device)
         loss = None
         if labels is not None:
             loss = token_cross_entropy(logits, labels, shift=False, num_items_in_batch=num_items_in_batch)

@@ -172,7 +172,8 @@ class StackMixin:
             else None
         )
         self.embed_norm = make_norm(config) if config.embedding_norm else None
-        self.embed_dropout = nn.Dropout(config.hidden_dropout)
+        p = config.hidden_dropout if config.embedding_dropout is None else config.embedding_dropout
+        self.embed_dropout = nn.Dropout(p)
         self.layers = nn.ModuleList(
             [
                 Block(config, i, is_causal=causal, cross_attention=cross_attention, layer_type=layer_types[i])
@@ -410,6 +411,8 @@ class StackMixin:
                 cross_attns.append(cross_w)
         if self.norm is not None:
             h = self.norm(h)
+        if config.final_dropout:  # T5 drops out the normed output of each stack
+            h = nn.functional.dropout(h, config.hidden_dropout, self.training)
         if all_hidden is not None:
             all_hidden.append(h)
         as_tuple = lambda xs: tuple(xs) if xs is not None else None  # noqa: E731

@@ -46,7 +46,7 @@ CONFIGS = [swapformer.EncoderConfig, swapformer.DecoderConfig, swapformer.Seq2Se
         (
             dict(hidden_dropout=1.5),
             ValueError,
-            r"hidden_dropout must lie in \[0.0, 1.0\), got hidden_dropout=1.5",
+            r"hidden_dropout must lie in \[0, 1\], got hidden_dropout=1.5; it is a dropout probability",
         ),
         (dict(attention_dropout=-0.1), ValueError, r"attention_dropout must lie in"),
         (
@@ -75,6 +75,67 @@ CONFIGS = [swapformer.EncoderConfig, swapformer.DecoderConfig, swapformer.Seq2Se
 def test_bad_values_fail_at_construction(config_class, kwargs, error, message):
     with pytest.raises(error, match=message):
         config_class(**kwargs)
+
+
+# Values transformers' configs and tests use: its common model tests zero the initialisation with
+# initializer_range=1e-10 (TF: 0.0), model testers use eps 1e-12, and nothing forbids eps >= 1, a
+# dropout of 1, a wide initialiser or a RoPE base below 1. All of them compute something.
+ACCEPTED = [
+    dict(norm_eps=1.0),
+    dict(norm_eps=2.5),
+    dict(norm_eps=1e-12),
+    dict(initializer_range=0.0),
+    dict(initializer_range=1e-10),
+    dict(initializer_range=1.5),
+    dict(hidden_dropout=1.0, attention_dropout=1.0, activation_dropout=1.0, classifier_dropout=1.0),
+    dict(embedding_dropout=0.0),
+    dict(position_embedding_type="rope", rope_theta=0.5),
+    dict(position_embedding_type="rope", rope_theta=1e6),
+    dict(attention_scale=0.0),
+    dict(norm_eps=1),  # an int is a number
+]
+
+
+@pytest.mark.parametrize("kwargs", ACCEPTED, ids=lambda kw: ",".join(f"{k}={v}" for k, v in kw.items()))
+@pytest.mark.parametrize("config_class", CONFIGS, ids=lambda c: c.__name__)
+def test_values_transformers_uses_are_accepted(config_class, kwargs):
+    config = config_class(**kwargs)
+    assert all(getattr(config, k) == v for k, v in kwargs.items())
+    again = config_class.from_dict(config.to_dict())  # and they survive a save/load
+    assert all(getattr(again, k) == v for k, v in kwargs.items())
+
+
+NAN, INF = float("nan"), float("inf")
+REJECTED = [
+    ("norm_eps", 0.0, ValueError, r"norm_eps must be a finite number > 0, got norm_eps=0.0; .*1e-5 for LayerNorm"),
+    ("norm_eps", -1e-5, ValueError, r"norm_eps must be a finite number > 0, got norm_eps=-1e-05"),
+    ("norm_eps", NAN, ValueError, r"norm_eps must be a finite number > 0, got norm_eps=nan"),
+    ("norm_eps", INF, ValueError, r"norm_eps must be a finite number > 0, got norm_eps=inf"),
+    ("norm_eps", "1e-5", TypeError, r"norm_eps must be a number, got '1e-5' \(str\); .*1e-6 for RMSNorm"),
+    ("norm_eps", True, TypeError, r"norm_eps must be a number, got True \(bool\)"),
+    ("initializer_range", -0.02, ValueError, r"initializer_range must be a finite number >= 0, got initializer_range=-0.02; .*0.02 is usual"),
+    ("initializer_range", NAN, ValueError, r"initializer_range must be a finite number >= 0, got initializer_range=nan"),
+    ("initializer_range", INF, ValueError, r"initializer_range must be a finite number >= 0, got initializer_range=inf"),
+    ("rope_theta", 0.0, ValueError, r"rope_theta must be a finite number > 0, got rope_theta=0.0; the usual RoPE base is 10000.0"),
+    ("rope_theta", -10000.0, ValueError, r"rope_theta must be a finite number > 0"),
+    ("rope_theta", INF, ValueError, r"rope_theta must be a finite number > 0, got rope_theta=inf"),
+    ("attention_scale", -1.0, ValueError, r"attention_scale must be a finite number >= 0, got attention_scale=-1.0; or None for head_dim"),
+    ("attention_scale", NAN, ValueError, r"attention_scale must be a finite number >= 0, got attention_scale=nan"),
+    ("hidden_dropout", NAN, ValueError, r"hidden_dropout must lie in \[0, 1\], got hidden_dropout=nan; it is a dropout probability"),
+    ("hidden_dropout", 1.0000001, ValueError, r"hidden_dropout must lie in \[0, 1\]"),
+    ("attention_dropout", -0.1, ValueError, r"attention_dropout must lie in \[0, 1\], got attention_dropout=-0.1"),
+    ("activation_dropout", INF, ValueError, r"activation_dropout must lie in \[0, 1\], got activation_dropout=inf"),
+    ("classifier_dropout", 2.0, ValueError, r"classifier_dropout must lie in \[0, 1\], got classifier_dropout=2.0"),
+    ("embedding_dropout", -0.5, ValueError, r"embedding_dropout must lie in \[0, 1\], got embedding_dropout=-0.5"),
+    ("hidden_dropout", "0.1", TypeError, r"hidden_dropout must be a number, got '0.1' \(str\)"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("name, value, error, message", REJECTED, ids=lambda x: str(x)[:20])
+@pytest.mark.parametrize("config_class", CONFIGS, ids=lambda c: c.__name__)
+def test_truly_invalid_numbers_are_refused_naming_value_and_fix(config_class, name, value, error, message):
+    with pytest.raises(error, match=message):
+        config_class(**{name: value})
 
 
 def test_seq2seq_specific_validation():

@@ -63,11 +63,11 @@ def bart_config(**kw):
 
 # (id, transformers class, config factory, expected swapformer class, expected outputs compared)
 CASES = [
-    ("bert", T.BertModel, bert_config, "EncoderModel", {"hidden states"}),
+    ("bert", T.BertModel, bert_config, "EncoderModel", {"hidden states", "pooler output"}),
     ("bert-mlm", T.BertForMaskedLM, bert_config, "EncoderForMaskedLM", {"hidden states", "logits"}),
     ("bert-cls", T.BertForSequenceClassification, lambda: bert_config(num_labels=3), "EncoderForSequenceClassification", {"hidden states", "logits"}),
     ("bert-qa", T.BertForQuestionAnswering, bert_config, "EncoderForQuestionAnswering", {"hidden states", "start_logits", "end_logits"}),
-    ("roberta", T.RobertaModel, roberta_config, "EncoderModel", {"hidden states"}),
+    ("roberta", T.RobertaModel, roberta_config, "EncoderModel", {"hidden states", "pooler output"}),
     ("roberta-mlm", T.RobertaForMaskedLM, roberta_config, "EncoderForMaskedLM", {"hidden states", "logits"}),
     ("roberta-cls", T.RobertaForSequenceClassification, lambda: roberta_config(num_labels=2), "EncoderForSequenceClassification", {"hidden states", "logits"}),
     ("roberta-tok", T.RobertaForTokenClassification, lambda: roberta_config(num_labels=5), "EncoderForTokenClassification", {"hidden states", "logits"}),
@@ -146,7 +146,8 @@ def test_family_converts_verifies_and_comes_back_bit_for_bit(case, tmp_path, rep
 
 def test_family_details_are_configured(tmp_path):
     """What the verification could only catch indirectly: the window is the layer type and is exercised,
-    T5 v1.0 ties and scales while v1.1 does neither, RoBERTa's offset rows and BERT's pooler are kept."""
+    T5 v1.0 ties and scales while v1.1 does neither, RoBERTa's offset rows are kept aside and its pooler
+    is in the model."""
     src = save_source(T.MistralForCausalLM, mistral_config(sliding_window=5), tmp_path / "mistral")
     r = convert(src, tmp_path / "m", log=lambda line: None)
     cfg = swapformer.DecoderConfig.from_pretrained(tmp_path / "m")
@@ -182,9 +183,10 @@ def test_family_details_are_configured(tmp_path):
     src = save_source(T.RobertaModel, roberta_config(), tmp_path / "roberta")
     convert(src, tmp_path / "r", log=lambda line: None)
     aside = load_file(tmp_path / "r" / "unused_source_weights.safetensors")
-    assert set(aside) == {"embed_positions.leading_rows", "pooler.dense.weight", "pooler.dense.bias"}
+    assert set(aside) == {"embed_positions.leading_rows"}
     assert aside["embed_positions.leading_rows"].shape[0] == 2  # padding_idx + 1
-    assert swapformer.EncoderConfig.from_pretrained(tmp_path / "r").max_position_embeddings == 40
+    cfg = swapformer.EncoderConfig.from_pretrained(tmp_path / "r")
+    assert cfg.max_position_embeddings == 40 and cfg.add_pooling_layer
 
 
 def test_half_precision_sharded_checkpoint(tmp_path):
@@ -204,6 +206,86 @@ def test_half_precision_sharded_checkpoint(tmp_path):
     shard = sorted((tmp_path / "src").glob("model-*.safetensors"))[1]
     shard.write_bytes(shard.read_bytes()[:-10])
     refused(tmp_path / "src", tmp_path / "out", f"{shard.name} is truncated")
+
+
+def test_bart_final_logits_bias_is_carried_both_ways(tmp_path, report):
+    """BART adds `final_logits_bias` to its logits (a buffer, zero in most checkpoints): a nonzero one
+    is carried into the swapformer model (logits and generated tokens equal BART's) and back."""
+    src = save_source(T.BartForConditionalGeneration, bart_config(), tmp_path / "src")
+    state = load_file(src / "model.safetensors")
+    bias = 3 * torch.randn(1, V, generator=torch.Generator().manual_seed(5))
+    state["final_logits_bias"] = bias
+    save_file(state, src / "model.safetensors", metadata={"format": "pt"})
+    bart = T.BartForConditionalGeneration.from_pretrained(src).eval()
+    assert torch.equal(bart.final_logits_bias, bias)
+
+    result = convert(src, tmp_path / "ours", log=lambda line: None)
+    report("BART with a nonzero final_logits_bias -> swapformer max abs diff", result.max_diff)
+    ours = T.AutoModelForSeq2SeqLM.from_pretrained(tmp_path / "ours").eval()
+    assert ours.config.add_final_logits_bias and torch.equal(ours.final_logits_bias, bias)
+    ids = torch.randint(3, V, (2, 9), generator=torch.Generator().manual_seed(1))
+    dec = torch.randint(3, V, (2, 5), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        diff = float(
+            (ours(ids, decoder_input_ids=dec).logits - bart(ids, decoder_input_ids=dec).logits).abs().max()
+        )
+    report("logits max abs diff against BART", diff)
+    assert diff <= 1e-5
+    options = dict(max_new_tokens=6, min_new_tokens=6, do_sample=False, num_beams=1)
+    assert torch.equal(ours.generate(ids, **options), bart.generate(ids, **options))
+
+    convert(tmp_path / "ours", tmp_path / "back", to_hf=True, log=lambda line: None)
+    returned = hf_state(T.BartForConditionalGeneration, tmp_path / "back")
+    original = hf_state(T.BartForConditionalGeneration, src)
+    assert original.keys() == returned.keys() and all(torch.equal(original[k], returned[k]) for k in original)
+
+
+def test_a_tensor_that_cannot_map_is_named_with_the_reason(tmp_path):
+    """RoBERTa's LM head applies GELU whatever hidden_act says; swapformer's applies hidden_act. Rather
+    than a bare verification failure, the refusal names the tensor and why, in both directions."""
+    src = save_source(T.RobertaForMaskedLM, roberta_config(hidden_act="relu"), tmp_path / "src")
+    refused(src, tmp_path / "out", r"RobertaForMaskedLM's lm_head.dense cannot map: .* hidden_act='relu'")
+    assert not (tmp_path / "out").exists()
+
+    src = save_source(T.RobertaForMaskedLM, roberta_config(), tmp_path / "gelu")
+    convert(src, tmp_path / "ours", log=lambda line: None)
+    model = T.AutoModelForMaskedLM.from_pretrained(tmp_path / "ours", hidden_act="relu")
+    model.save_pretrained(tmp_path / "relu")
+    refused(tmp_path / "relu", tmp_path / "back", r"lm_head.dense cannot map", to_hf=True)
+
+
+def test_pooler_travels_with_bert_and_roberta_models(tmp_path):
+    """BertModel and RobertaModel keep their pooler in the model (`pooler_output` equal to theirs); a
+    classifier fine-tuned from a converted BertModel goes back to BertForSequenceClassification with
+    that pooler, and a RoBERTa classifier built with BERT's pooler is refused by name."""
+    src = save_source(T.BertModel, bert_config(), tmp_path / "bert")
+    convert(src, tmp_path / "ours", log=lambda line: None)
+    assert not (tmp_path / "ours" / "unused_source_weights.safetensors").exists()  # nothing set aside
+    bert = T.BertModel.from_pretrained(src).eval()
+    ours = T.AutoModel.from_pretrained(tmp_path / "ours").eval()
+    ids = torch.randint(1, V, (2, 7), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        assert float((ours(ids).pooler_output - bert(ids).pooler_output).abs().max()) <= 1e-5
+
+    cls = T.AutoModelForSequenceClassification.from_pretrained(tmp_path / "ours", num_labels=3)
+    assert torch.equal(cls.model.pooler.dense.weight, bert.pooler.dense.weight)
+    cls.save_pretrained(tmp_path / "tuned")
+    convert(tmp_path / "tuned", tmp_path / "back", to_hf=True, log=lambda line: None)
+    back = T.BertForSequenceClassification.from_pretrained(tmp_path / "back")
+    assert torch.equal(back.bert.pooler.dense.weight, bert.pooler.dense.weight)
+    assert torch.equal(back.classifier.weight, cls.classifier.weight)
+
+    src = save_source(T.RobertaModel, roberta_config(), tmp_path / "roberta")
+    convert(src, tmp_path / "r", log=lambda line: None)
+    with_pooler = T.AutoModelForSequenceClassification.from_pretrained(tmp_path / "r", num_labels=2)
+    with_pooler.save_pretrained(tmp_path / "r-cls")
+    refused(
+        tmp_path / "r-cls",
+        tmp_path / "r-back",
+        r"EncoderForSequenceClassification with add_pooling_layer=True has no roberta counterpart: "
+        r"RobertaForSequenceClassification needs add_pooling_layer=False",
+        to_hf=True,
+    )
 
 
 def test_generation_config_and_tokenizer_travel(tmp_path):
@@ -333,20 +415,20 @@ def test_unmapped_source_key_is_refused_before_writing(tmp_path, monkeypatch):
 def test_reverse_after_save_pretrained_needs_the_unused_weights_file(tmp_path):
     """A converted model loaded and saved again (as after fine-tuning) still goes back: config.json
     records the family; the tensors set aside have to be copied along."""
-    src = save_source(T.BertModel, bert_config(), tmp_path / "src")
+    src = save_source(T.RobertaModel, roberta_config(), tmp_path / "src")
     convert(src, tmp_path / "ours", log=lambda line: None)
     T.AutoModel.from_pretrained(tmp_path / "ours").save_pretrained(tmp_path / "tuned")
     refused(
         tmp_path / "tuned",
         tmp_path / "back",
-        "missing: aside.pooler.dense.bias.*copy that file into",
+        "missing: aside.embed_positions.leading_rows.*copy that file into",
         to_hf=True,
     )
     shutil.copy2(tmp_path / "ours" / "unused_source_weights.safetensors", tmp_path / "tuned")
     convert(tmp_path / "tuned", tmp_path / "back", to_hf=True, log=lambda line: None)
-    original, returned = hf_state(T.BertModel, src), hf_state(T.BertModel, tmp_path / "back")
+    original, returned = hf_state(T.RobertaModel, src), hf_state(T.RobertaModel, tmp_path / "back")
     assert all(torch.equal(v, returned[k]) for k, v in original.items())
-    refused(src, tmp_path / "again", "has model_type='bert'; drop --to-hf", to_hf=True)
+    refused(src, tmp_path / "again", "has model_type='roberta'; drop --to-hf", to_hf=True)
 
 
 def test_no_architectures_converts_the_base_model(tmp_path):
