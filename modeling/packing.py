@@ -216,8 +216,8 @@ def find_packed_sequences(
         return None
     if past:
         raise ValueError(
-            f"{prefix}{names[0]} marks several sequences in one row (packed sequences), but the cache already "
-            f"holds {past} tokens; packed rows cannot extend a cache. Pass packed rows without a cache (or with an "
+            f"{prefix}{names[0]} put several sequences into one row (packed rows), but the cache already holds "
+            f"{past} tokens and packed rows cannot extend a cache; pass packed rows without a cache (or with an "
             "empty one), or pad the sequences into separate rows for cached decoding"
         )
     return PackedSequences.from_starts(sources[names[0]], valid)
