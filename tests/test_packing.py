@@ -7,11 +7,15 @@ The rows come from transformers' own `DataCollatorWithFlattening` (restarting `p
 
 from __future__ import annotations
 
+import json
+import math
+
 import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from test_patterns import pattern_config as patterns_config
+from test_train import losses, text_folder, tiny_args  # noqa: F401  (text_folder is a fixture)
 from transformers import DataCollatorWithFlattening
 
 import swapformer
@@ -612,3 +616,100 @@ def test_trainer_with_flattening_collator_trains_like_padded_batches(attn, tmp_p
     assert len(packed_losses) == 3 and moved > 1e-3
     assert max(abs(a - b) for a, b in zip(packed_losses, padded_losses)) <= 1e-4  # logged rounded
     assert diff <= TOL
+
+
+# swapformer train --packing -----------------------------------------------------------------------
+
+
+EOS = 2
+
+
+def test_document_positions_restart_after_every_end_of_document():
+    from swapformer.training.args import TrainArgs
+    from swapformer.training.data import DocumentPacking, document_positions
+    from swapformer.training.objectives import CausalLM
+
+    blocks = torch.tensor([[5, 6, EOS, 7, 8, 9, EOS, 4], [EOS, 3, 4, EOS, EOS, 5, 6, 7]])
+    assert document_positions(blocks, EOS).tolist() == [[0, 1, 2, 0, 1, 2, 3, 0], [0, 0, 1, 2, 0, 0, 1, 2]]
+    batch = DocumentPacking(CausalLM(None, TrainArgs(seq_len=8)), EOS)(blocks, torch.Generator())
+    assert torch.equal(batch["input_ids"], blocks)
+    # no loss on a document's first token: it would be predicted from the previous document
+    assert batch["labels"].eq(-100).tolist() == [
+        [True, False, False, True, False, False, False, True],
+        [True, True, False, False, True, True, False, False],
+    ]
+
+
+def documents_of(row: torch.Tensor) -> list[slice]:
+    ends = [i + 1 for i, t in enumerate(row.tolist()) if t == EOS and i + 1 < len(row)]
+    bounds = [0, *ends, len(row)]
+    return [slice(a, b) for a, b in zip(bounds, bounds[1:])]
+
+
+@pytest.mark.parametrize("attn", ["sdpa", "sparse"])
+def test_packed_training_rows_score_each_document_as_if_alone(attn):
+    """With --packing no token attends across a document: the loss of every labelled token of a
+    training row equals that token's loss in its document run alone, and only tokens inside a
+    document are labelled."""
+    from swapformer.training.args import TrainArgs
+    from swapformer.training.data import DocumentPacking
+    from swapformer.training.objectives import CausalLM
+
+    g = torch.Generator().manual_seed(0)
+    blocks = torch.randint(3, 90, (2, 40), generator=g)
+    blocks[0, [6, 19, 20, 33]] = EOS
+    blocks[1, [11, 39]] = EOS
+    model = build(
+        swapformer.DecoderForCausalLM,
+        pattern_config("decoder", "sliding_global_attention", "alibi"),
+        attn=attn,
+    )
+    batch = DocumentPacking(CausalLM(None, TrainArgs(seq_len=40)), EOS)(blocks, g)
+    with torch.no_grad():
+        logits = model(input_ids=batch["input_ids"], position_ids=batch["position_ids"]).logits
+        nll = torch.nn.functional.cross_entropy(
+            logits[:, :-1].transpose(1, 2), batch["labels"][:, 1:], reduction="none", ignore_index=-100
+        )
+        for r, row in enumerate(blocks):
+            labelled = 0
+            for doc in documents_of(row):
+                alone = model(row[None, doc]).logits[0, :-1]
+                want = torch.nn.functional.cross_entropy(alone, row[doc][1:], reduction="none")
+                got = nll[r, doc.start : doc.stop - 1]
+                assert max_diff(got, want) <= TOL
+                labelled += doc.stop - doc.start - 1
+            assert int((batch["labels"][r, 1:] != -100).sum()) == labelled
+
+
+def test_train_with_packing_runs_and_resumes_exactly(tmp_path, text_folder, report):  # noqa: F811
+    """A tiny --packing run trains, and a run killed after step 5 and resumed reproduces it: its
+    batches are still a function of (seed, step)."""
+    from swapformer.training.loop import train
+
+    full = train(tiny_args(tmp_path / "full", text_folder, packing=True))
+    assert math.isfinite(full["val_loss"]) and full["steps"] == 8
+    assert json.loads((tmp_path / "full" / "training_args.json").read_text())["packing"] is True
+    broken = tmp_path / "broken"
+    assert train(tiny_args(broken, text_folder, packing=True, stop_after=5)) == {"stopped_at": 5}
+    train(tiny_args(broken, text_folder, packing=True, resume="latest"))
+    diff = max(abs(x - y) for (_, x), (_, y) in zip(losses(tmp_path / "full"), losses(broken)))
+    report("--packing resume: max |loss diff| over 8 steps", diff)
+    assert diff <= 1e-6
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (dict(arch="encoder-decoder"), "--packing supports --arch decoder and encoder"),
+        (
+            dict(attn="sdpa_fa"),
+            "--packing: --attn 'sdpa_fa' cannot keep packed sequences apart; use one of 'eager'",
+        ),
+    ],
+)
+def test_train_packing_refuses_what_cannot_pack(overrides, message, tmp_path):
+    from swapformer.training.args import TrainArgumentError, validate
+
+    args = tiny_args(tmp_path / "out", None, packing=True, **overrides).resolved()
+    with pytest.raises(TrainArgumentError, match=message):
+        validate(args)

@@ -14,7 +14,7 @@ import os
 from dataclasses import dataclass, field
 
 from ..configuration import DecoderConfig, EncoderConfig, Seq2SeqConfig
-from ..configuration.backends import check_backend_name, check_layer_backends
+from ..configuration.backends import BACKENDS, check_backend_name, check_layer_backends
 
 ARCHS = ("decoder", "encoder", "encoder-decoder")
 CONFIG_CLASSES = {"decoder": DecoderConfig, "encoder": EncoderConfig, "encoder-decoder": Seq2SeqConfig}
@@ -111,6 +111,7 @@ class TrainArgs:
     min_lr_ratio: float = 0.1
     mixed_precision: str = "no"
     gradient_checkpointing: bool = False
+    packing: bool = False  # each document its own sequence within the blocks (no cross-document attention)
     seed: int = 0
     save_every: int | None = None
     keep_checkpoints: int = 2
@@ -214,6 +215,8 @@ def validate(args: TrainArgs) -> None:
             check_backend_name(choice)
     except ValueError as e:
         raise TrainArgumentError(f"--attn: {e}") from e
+    if args.packing:
+        check_packing(args)
     if args.push_to_hub is not None:
         from huggingface_hub.utils import HFValidationError, validate_repo_id
 
@@ -281,6 +284,23 @@ def validate(args: TrainArgs) -> None:
                 f"--set {name}=...: the vocabulary and its special tokens come from the tokenizer "
                 "(--vocab-size, --tokenizer)"
             )
+
+
+def check_packing(args: TrainArgs) -> None:
+    """--packing needs an objective whose inputs keep token order (not span corruption) and backends
+    that keep packed sequences apart."""
+    if args.arch == "encoder-decoder":
+        raise TrainArgumentError(
+            "--packing supports --arch decoder and encoder; span corruption (encoder-decoder) rewrites each "
+            "block into an input and a target that no longer line up with its documents. Drop --packing"
+        )
+    lacking = sorted(b for b in attn_backends(args.attn) if not BACKENDS[b].packing)
+    if lacking:
+        capable = [n for n, c in BACKENDS.items() if c.packing]
+        raise TrainArgumentError(
+            f"--packing: --attn {lacking[0]!r} cannot keep packed sequences apart; use one of "
+            f"{', '.join(map(repr, capable))}"
+        )
 
 
 def attn_choice(attn: str) -> str | dict:

@@ -234,6 +234,8 @@ def prepare_data(args: TrainArgs, accelerator, out: pathlib.Path, fresh: bool) -
                 "or lower --seq-len"
             )
     objective = make_objective(tokenizer, args)
+    if args.packing:
+        objective = data_mod.DocumentPacking(objective, tokenizer.eos_token_id)
     val_generator = step_generator(args.seed, -1)
     val_batches = [
         objective(val_blocks[i : i + args.batch_size], val_generator)
@@ -558,5 +560,6 @@ def _corpus_text(args: TrainArgs, data: RunData) -> str:
         f"`{data.corpus_name}`: {source}. Documents go to validation by a hash of their name "
         f"(fraction {args.val_fraction}), so the split is deterministic. Training: {len(data.train_docs)} "
         f"documents, {data.train_blocks.numel():,} tokens; validation: {len(data.val_docs)} documents, "
-        f"{data.val_blocks.numel():,} tokens (blocks of {args.seq_len} tokens, documents joined by `</s>`)."
+        f"{data.val_blocks.numel():,} tokens (blocks of {args.seq_len} tokens, documents joined by `</s>`"
+        f"{'; each document its own sequence, no attention across documents (--packing)' if args.packing else ''})."
     )
