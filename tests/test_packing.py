@@ -7,8 +7,10 @@ The rows come from transformers' own `DataCollatorWithFlattening` (restarting `p
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import math
+import pathlib
 
 import pytest
 import torch
@@ -713,3 +715,23 @@ def test_train_packing_refuses_what_cannot_pack(overrides, message, tmp_path):
     args = tiny_args(tmp_path / "out", None, packing=True, **overrides).resolved()
     with pytest.raises(TrainArgumentError, match=message):
         validate(args)
+
+
+# The README recipe -------------------------------------------------------------------------------
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+
+def test_readme_recipe_is_the_example_and_the_example_trains(tmp_path):
+    example = (ROOT / "examples" / "packed_training.py").read_text()
+    recipe = example.split("# README: packed sequences (start)\n")[1].split(
+        "# README: packed sequences (end)"
+    )[0]
+    assert f"```python\n{recipe.strip()}\n```" in (ROOT / "README.md").read_text()
+    spec = importlib.util.spec_from_file_location("packed_training", ROOT / "examples" / "packed_training.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    losses = module.main(
+        ["--max-steps", "2", "--documents", "12", "--hidden-size", "32", "--output-dir", str(tmp_path)]
+    )
+    assert len(losses) == 2 and all(math.isfinite(x) for x in losses)
