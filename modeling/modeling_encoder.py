@@ -79,7 +79,7 @@ class EncoderModel(StackMixin, EncoderPreTrainedModel):
             output_hidden_states=cfg.output_hidden_states
             if output_hidden_states is None
             else output_hidden_states,
-            **packing_kwargs(cu_seq_lens_q, cu_seq_lens_k, max_length_q, max_length_k, seq_idx),
+            packing_inputs=packing_kwargs(cu_seq_lens_q, cu_seq_lens_k, max_length_q, max_length_k, seq_idx),
         )
         return finish_output(
             cfg, BaseModelOutput(last_hidden_state=h, hidden_states=hidden, attentions=attns), return_dict

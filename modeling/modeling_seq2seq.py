@@ -108,7 +108,7 @@ class Seq2SeqStack(StackMixin, nn.Module):
             else output_hidden_states,
             input_prefix="decoder_" if self.is_decoder else "",
             encoder_packing=encoder_packing,
-            **packing_kwargs(cu_seq_lens_q, cu_seq_lens_k, max_length_q, max_length_k, seq_idx),
+            packing_inputs=packing_kwargs(cu_seq_lens_q, cu_seq_lens_k, max_length_q, max_length_k, seq_idx),
         )
         if self.is_decoder:
             out = BaseModelOutputWithPastAndCrossAttentions(

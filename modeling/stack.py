@@ -296,6 +296,35 @@ class StackMixin:
             patterns[layer_type] = pattern
         return patterns
 
+    def positions_and_packing(
+        self, *, batch, length, past, device, key_valid, position_ids, cache, packing_inputs, prefix
+    ):
+        """Query positions (B, T), key positions (B, P + T) and the packed sequences of this forward
+        (None when each row holds one). Packed rows restart their positions, for keys too (ALiBi and
+        T5 distances, global tokens); a cache that receives them is marked so it is never extended."""
+        if cache is not None:
+            check_cache_not_packed(cache, past, prefix)
+        packing = find_packed_sequences(
+            batch=batch,
+            length=length,
+            device=device,
+            key_valid=key_valid[:, past:] if key_valid is not None else None,
+            position_ids=position_ids,
+            past=past,
+            prefix=prefix,
+            **packing_inputs,
+        )
+        key_pos = positions_from_mask(key_valid, batch, past + length, device)  # (B, S)
+        if position_ids is None:
+            position_ids = key_pos[:, past:] if packing is None else packing.positions(key_valid)
+        else:
+            position_ids = position_ids.view(-1, length).expand(batch, length).to(device)
+        if (key_valid is None and past == 0) or packing is not None:
+            key_pos = position_ids
+        if packing is not None and cache is not None:
+            mark_cache_packed(cache)
+        return position_ids, key_pos, packing
+
     # Forward ------------------------------------------------------------------------------------
 
     def forward_stack(
@@ -313,11 +342,7 @@ class StackMixin:
         output_attentions: bool = False,
         output_hidden_states: bool = False,
         input_prefix: str = "",
-        cu_seq_lens_q: torch.Tensor | None = None,
-        cu_seq_lens_k: torch.Tensor | None = None,
-        max_length_q: int | None = None,
-        max_length_k: int | None = None,
-        seq_idx: torch.Tensor | None = None,
+        packing_inputs: dict | None = None,
         encoder_packing: PackedSequences | None = None,
     ):
         """Run the stack.
@@ -331,9 +356,10 @@ class StackMixin:
             encoder_hidden_states: (B, S_enc, E) for cross-attention, with its padding mask
                 `encoder_attention_mask` (B, S_enc).
             input_prefix: "decoder_" when this is the decoder half of a seq2seq (for error messages).
-            cu_seq_lens_q, cu_seq_lens_k, max_length_q, max_length_k, seq_idx: packed-sequence
-                boundaries as `DataCollatorWithFlattening` gives them (see packing.py), checked against
-                `position_ids`; restarting `position_ids` alone mark packed sequences too.
+            packing_inputs: the forward's cu_seq_lens_q, cu_seq_lens_k, max_length_q, max_length_k and
+                seq_idx (`packing.packing_kwargs`): packed-sequence boundaries as
+                `DataCollatorWithFlattening` gives them, checked against `position_ids` (restarting
+                `position_ids` alone mark packed sequences too).
             encoder_packing: the packed sequences of the encoder input, for cross-attention.
         Returns:
             (last hidden state, all hidden states or None, self-attention weights or None,
@@ -359,31 +385,17 @@ class StackMixin:
                 f"(batch={b}, length={past + t}), one entry per cached and new token"
             )
         key_valid = attention_mask.bool() if attention_mask is not None else None
-        if cache is not None:
-            check_cache_not_packed(cache, past, input_prefix)
-        packing = find_packed_sequences(
+        position_ids, key_pos, packing = self.positions_and_packing(
             batch=b,
             length=t,
-            device=device,
-            key_valid=key_valid[:, past:] if key_valid is not None else None,
-            position_ids=position_ids,
-            cu_seq_lens_q=cu_seq_lens_q,
-            cu_seq_lens_k=cu_seq_lens_k,
-            max_length_q=max_length_q,
-            max_length_k=max_length_k,
-            seq_idx=seq_idx,
             past=past,
+            device=device,
+            key_valid=key_valid,
+            position_ids=position_ids,
+            cache=cache,
+            packing_inputs=packing_inputs or {},
             prefix=input_prefix,
         )
-        key_pos = positions_from_mask(key_valid, b, past + t, device)  # (B, S)
-        if position_ids is None:
-            position_ids = key_pos[:, past:] if packing is None else packing.positions(key_valid)
-        else:
-            position_ids = position_ids.view(-1, t).expand(b, t).to(device)
-        if (key_valid is None and past == 0) or packing is not None:
-            key_pos = position_ids  # packed rows: key positions restart with each sequence too
-        if packing is not None and cache is not None:
-            mark_cache_packed(cache)
 
         h = self.embed(input_ids, inputs_embeds, token_type_ids, position_ids)
         rope = None
