@@ -12,6 +12,10 @@ the same rows of `--seq-len` tokens and the same batch size:
 - padded: each document alone, cut into rows of at most `--seq-len`, the last one padded (attention
   mask 0, no loss there): one document per row, the usual way without packing.
 
+The standard library's files are long (most fill many rows, so padding is only the tail of each);
+a second table cuts every document to its first `--doc-chars` characters (default 400), the shape of
+corpora of short samples, where padded rows are mostly padding.
+
 A step is forward, backward and AdamW on one batch. The two sides run in turn for several rounds and
 each keeps its best round. Real tokens/s counts only non-padding tokens; the time for one pass over the
 corpus follows from it. CPU model and load are printed: on a busy machine the ratio is what to read.
@@ -63,8 +67,9 @@ def padded_rows(tokenizer, docs, seq_len: int) -> tuple[torch.Tensor, torch.Tens
     return tokens, mask
 
 
-def batches(args, tokenizer, docs) -> dict[str, list[dict]]:
-    """The first `--steps` batches of each side, and the rows each needs for the whole split."""
+def batches(args, tokenizer, docs):
+    """The first `--steps` batches of each side, the rows each needs for all of `docs`, and the real
+    tokens of those rows."""
     train_args = TrainArgs(seq_len=args.seq_len)
     packed = data_mod.DocumentPacking(CausalLM(tokenizer, train_args), tokenizer.eos_token_id)
     blocks = data_mod.pack(tokenizer, docs, args.seq_len)
@@ -86,25 +91,9 @@ def batches(args, tokenizer, docs) -> dict[str, list[dict]]:
     return sides, rows, real
 
 
-def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--max-train-chars", type=int, default=2_000_000, help="the tiny preset's budget")
-    parser.add_argument("--vocab-size", type=int, default=4096)
-    parser.add_argument("--seq-len", type=int, default=128)
-    parser.add_argument("--batch-size", type=int, default=16)
-    parser.add_argument("--attn", default="sdpa")
-    parser.add_argument("--steps", type=int, default=4, help="steps per round and side")
-    parser.add_argument("--rounds", type=int, default=3)
-    args = parser.parse_args(argv)
-
-    started = time.perf_counter()
-    docs, corpus = data_mod.load_documents([], "text")
-    train_docs, _ = data_mod.split_documents(docs, 0.05, args.max_train_chars, 0)
-    tokenizer = train_tokenizer((d.text for d in train_docs), args.vocab_size)
-    sides, rows, real = batches(args, tokenizer, train_docs)
-    run = TrainArgs(seq_len=args.seq_len, attn=args.attn).resolved()
-    model = build_model(run, model_options(run), tokenizer)
-    optimizer = make_optimizer(model, run)
+def measure(args, tokenizer, docs, model, optimizer) -> tuple[dict, dict, dict]:
+    """Best step time of each side, the rows each needs for `docs`, and their real tokens."""
+    sides, rows, real = batches(args, tokenizer, docs)
 
     def step(batch):
         model(**batch).loss.backward()
@@ -120,32 +109,60 @@ def main(argv=None):
             for batch in side:
                 step(batch)
             best[name] = min(best[name], (time.perf_counter() - start) / len(side))
+    return best, rows, real
 
-    print(
-        f"CPU: {cpu_model()}; torch {torch.__version__}, {torch.get_num_threads()} threads; load average {load()}"
-    )
-    print(
-        f"corpus {corpus}: {len(train_docs)} training documents, {real['packed']:,} tokens; tiny preset decoder, "
-        f"attn={args.attn}, rows of {args.seq_len}, batch {args.batch_size}, fp32; best of {args.rounds} "
-        f"rounds of {args.steps} steps (forward, backward, AdamW)\n"
-    )
+
+def print_table(args, title: str, best: dict, rows: dict, real: dict) -> None:
+    print(f"\n{title}\n")
     print(
         "| rows | rows for the split | real tokens per row | step | real tokens/s | one pass over the split |"
     )
     print("|---|---|---|---|---|---|")
     speed = {}
-    for name in sides:
+    for name in best:
         per_row = real[name] / rows[name]
         speed[name] = per_row * args.batch_size / best[name]
-        epoch = real["packed"] / speed[name]
         print(
             f"| {name} | {rows[name]:,} | {per_row:.1f} of {args.seq_len} | {best[name] * 1000:.0f} ms | "
-            f"{speed[name]:,.0f} | {epoch / 60:.1f} min |"
+            f"{speed[name]:,.0f} | {real['packed'] / speed[name] / 60:.1f} min |"
         )
+    print(f"\npacked / padded: {speed['packed'] / speed['padded']:.2f}x real tokens/s")
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--max-train-chars", type=int, default=2_000_000, help="the tiny preset's budget")
+    parser.add_argument("--vocab-size", type=int, default=4096)
+    parser.add_argument("--seq-len", type=int, default=128)
+    parser.add_argument("--batch-size", type=int, default=16)
+    parser.add_argument("--attn", default="sdpa")
+    parser.add_argument("--doc-chars", type=int, default=400, help="second table: documents cut to this")
+    parser.add_argument("--steps", type=int, default=4, help="steps per round and side")
+    parser.add_argument("--rounds", type=int, default=3)
+    args = parser.parse_args(argv)
+
+    started = time.perf_counter()
     print(
-        f"\npacked / padded: {speed['packed'] / speed['padded']:.2f}x real tokens/s "
-        f"(load average after the run {load()}; {time.perf_counter() - started:.0f} s in all)"
+        f"CPU: {cpu_model()}; torch {torch.__version__}, {torch.get_num_threads()} threads; load average {load()}"
     )
+    docs, corpus = data_mod.load_documents([], "text")
+    train_docs, _ = data_mod.split_documents(docs, 0.05, args.max_train_chars, 0)
+    tokenizer = train_tokenizer((d.text for d in train_docs), args.vocab_size)
+    run = TrainArgs(seq_len=args.seq_len, attn=args.attn).resolved()
+    model = build_model(run, model_options(run), tokenizer)
+    optimizer = make_optimizer(model, run)
+    print(
+        f"corpus {corpus} (swapformer train's default): {len(train_docs)} training documents; tiny preset "
+        f"decoder, attn={args.attn}, rows of {args.seq_len}, batch {args.batch_size}, fp32; best of "
+        f"{args.rounds} rounds of {args.steps} steps (forward, backward, AdamW)"
+    )
+    scenarios = [("whole documents", train_docs)]
+    if args.doc_chars:
+        short = [data_mod.Document(d.name, d.text[: args.doc_chars]) for d in train_docs]
+        scenarios.append((f"each document cut to its first {args.doc_chars} characters", short))
+    for title, chosen in scenarios:
+        print_table(args, title, *measure(args, tokenizer, chosen, model, optimizer))
+    print(f"\nload average after the run {load()}; {time.perf_counter() - started:.0f} s in all")
 
 
 if __name__ == "__main__":
