@@ -52,11 +52,11 @@ class PackedSequences:
         flags[:, 0] = True
         ids = flags.long().cumsum(dim=1) - 1
         b, t = ids.shape
-        n = int(ids.max()) + 1
         index = torch.arange(t, device=ids.device).expand(b, t)
-        first = torch.full((b, n), t - 1, dtype=torch.long, device=ids.device)
+        # one slot per possible sequence (at most t): no size read from the data
+        first = torch.full((b, t), t - 1, dtype=torch.long, device=ids.device)
         first.scatter_reduce_(1, ids, torch.where(valid, index, t - 1), reduce="amin")
-        length = torch.zeros(b, n, dtype=torch.long, device=ids.device).scatter_add_(1, ids, valid.long())
+        length = torch.zeros(b, t, dtype=torch.long, device=ids.device).scatter_add_(1, ids, valid.long())
         return cls(ids=ids, starts=torch.gather(first, 1, ids), lengths=torch.gather(length, 1, ids))
 
     def counts(self) -> torch.Tensor:
@@ -212,7 +212,12 @@ def find_packed_sequences(
                 f"{_first_disagreement(reference, other)}); pass boundaries that agree (DataCollatorWithFlattening "
                 "makes them so) or only one of them"
             )
-    if not bool(reference.any()):
+    # Under torch.compile the test below would break the graph: as transformers does while tracing,
+    # rows with position_ids count as packed (one sequence is a packing too), and a cache as not.
+    tracing = torch.compiler.is_compiling()
+    if not tracing and not bool(reference.any()):
+        return None
+    if past and tracing:
         return None
     if past:
         raise ValueError(
