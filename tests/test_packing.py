@@ -683,17 +683,18 @@ def test_packed_training_rows_score_each_document_as_if_alone(attn):
             assert int((batch["labels"][r, 1:] != -100).sum()) == labelled
 
 
-def test_train_with_packing_runs_and_resumes_exactly(tmp_path, text_folder, report):  # noqa: F811
+@pytest.mark.parametrize("arch", ["decoder", "encoder"])
+def test_train_with_packing_runs_and_resumes_exactly(arch, tmp_path, text_folder, report):  # noqa: F811
     """A tiny --packing run trains, and a run killed after step 5 and resumed reproduces it: its
     batches are still a function of (seed, step)."""
     from swapformer.training.loop import train
 
-    full = train(tiny_args(tmp_path / "full", text_folder, packing=True))
+    full = train(tiny_args(tmp_path / "full", text_folder, arch=arch, packing=True))
     assert math.isfinite(full["val_loss"]) and full["steps"] == 8
     assert json.loads((tmp_path / "full" / "training_args.json").read_text())["packing"] is True
     broken = tmp_path / "broken"
-    assert train(tiny_args(broken, text_folder, packing=True, stop_after=5)) == {"stopped_at": 5}
-    train(tiny_args(broken, text_folder, packing=True, resume="latest"))
+    assert train(tiny_args(broken, text_folder, arch=arch, packing=True, stop_after=5)) == {"stopped_at": 5}
+    train(tiny_args(broken, text_folder, arch=arch, packing=True, resume="latest"))
     diff = max(abs(x - y) for (_, x), (_, y) in zip(losses(tmp_path / "full"), losses(broken)))
     report("--packing resume: max |loss diff| over 8 steps", diff)
     assert diff <= 1e-6
