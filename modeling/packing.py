@@ -11,8 +11,8 @@ With a padding mask, only real tokens count: a sequence starts at a real token w
 the previous real token's plus one, so the left-padded `position_ids` generate() makes (1 at
 padding) are one sequence, as they should be.
 
-The result is a `PackedSequences` value (sequence number and first index of each token) that the
-stack builds once per forward and puts into every attention pattern (masks.py), so every backend
+The result is a `PackedSequences` value (per token: its sequence's number, first real token and
+real length) that the stack builds once per forward and puts into every attention pattern (masks.py), so every backend
 keeps the sequences apart by construction. A cache cannot continue packed rows (which sequence
 would a new token extend?): packing needs an empty cache, and a cache filled from packed rows
 refuses to be extended.
