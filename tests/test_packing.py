@@ -411,6 +411,20 @@ def test_flash_gets_the_collators_boundaries_and_keeps_sequences_apart(arch, lay
             assert call["max_seqlen_q"] == call["max_seqlen_k"] == full["max_length_q"]
 
 
+def test_flash_cross_attention_pairs_packed_decoder_and_encoder_sequences(reference_flash):
+    """Cross-attention gets the decoder's boundaries for queries and the encoder's for keys."""
+    config = pattern_config("seq2seq", "full_attention", "rope", num_key_value_heads=2)
+    model = on_flash(build(swapformer.Seq2SeqModel, config)).train()
+    sources, targets = sequences(seed=4), sequences((6, 9, 4), seed=5)
+    (enc_a, dec_a, grads_a), (enc_p, dec_p, grads_p) = seq2seq_alone_and_packed(model, sources, targets)
+    assert max_diff(enc_a, enc_p) <= TOL and max_diff(dec_a, dec_p) <= TOL
+    assert max(max_diff(grads_a[n], grads_p[n]) for n in grads_a) <= TOL
+    cross = [c for c in reference_flash if not torch.equal(c["cu_seqlens_q"], c["cu_seqlens_k"])]
+    assert len(cross) == 2  # one cross-attention call per decoder layer
+    assert cross[0]["cu_seqlens_q"].tolist() == [0, 6, 15, 19]
+    assert cross[0]["cu_seqlens_k"].tolist() == [0, 13, 18, 40]
+
+
 def test_flash_boundaries_over_several_rows():
     """Rows are flattened one after another, as transformers' varlen path reshapes them."""
     flags = torch.tensor([[1, 0, 0, 1, 0], [1, 0, 1, 0, 1]], dtype=torch.bool)
