@@ -183,13 +183,14 @@ class AttentionPattern:
     def random_blocks(self, b, row, q, k):
         """BigBird's random blocks at absolute (q, k); `row` is q's local row. For packed rows the
         blocks are counted from the query's sequence start, in the layout of its sequence's length."""
-        table = self.random_table if self.random_table.dim() == 3 else self.random_table[None]
-        start, layout = 0, 0
-        if self.random_index is not None:
-            start, layout = self.query_packing.starts[b, row], self.random_index[b, row]
-        qb = ((q - start) // self.block_size).clamp(0, table.shape[1] - 1)
-        kb = ((k - start) // self.block_size).clamp(0, table.shape[2] - 1)
-        return table[layout, qb, kb]
+        if self.random_index is None:  # one layout, blocks counted from index 0
+            qb = (q // self.block_size).clamp(max=self.random_table.shape[0] - 1)
+            kb = (k // self.block_size).clamp(0, self.random_table.shape[1] - 1)
+            return self.random_table[qb, kb]
+        start, layout = self.query_packing.starts[b, row], self.random_index[b, row]
+        qb = ((q - start) // self.block_size).clamp(0, self.random_table.shape[1] - 1)
+        kb = ((k - start) // self.block_size).clamp(0, self.random_table.shape[2] - 1)
+        return self.random_table[layout, qb, kb]
 
     def mask_mod(self):
         """The predicate with flex attention's signature, on local query and key indices."""
