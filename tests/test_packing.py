@@ -750,3 +750,13 @@ def test_readme_recipe_is_the_example_and_the_example_trains(tmp_path):
         ["--max-steps", "2", "--documents", "12", "--hidden-size", "32", "--output-dir", str(tmp_path)]
     )
     assert len(losses) == 2 and all(math.isfinite(x) for x in losses)
+
+
+def test_a_run_saved_before_packing_existed_still_resumes():
+    """training_args.json written before --packing has no such key: it counts as not packing."""
+    from swapformer.training.args import TrainArgs
+
+    saved = TrainArgs().to_json()
+    del saved["packing"]
+    assert TrainArgs().differences(saved) == []
+    assert TrainArgs(packing=True).differences(saved) == ["packing"]

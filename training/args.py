@@ -146,8 +146,14 @@ class TrainArgs:
         return dataclasses.asdict(self)
 
     def differences(self, other: dict) -> list[str]:
-        """Names of the arguments (other than resume-only ones) whose values differ from `other`."""
+        """Names of the arguments (other than resume-only ones) whose values differ from `other`. An
+        argument added after `other` was saved counts as its default there (a run saved before
+        `--packing` existed did not pack)."""
         mine = self.to_json()
+        defaults = {
+            f.name: f.default for f in dataclasses.fields(self) if f.default is not dataclasses.MISSING
+        }
+        other = {**defaults, **other}
         names = (set(mine) | set(other)) - RESUME_FREE
         return sorted(n for n in names if mine.get(n) != other.get(n))
 
