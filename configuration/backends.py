@@ -31,6 +31,7 @@ FEATURES = (
     "bidirectional",
     "cross_attention",
     "padding",
+    "packing",
     "gqa",
     "dropout",
     "position_bias",
@@ -49,6 +50,7 @@ class Capabilities:
     bidirectional: bool = True
     cross_attention: bool = True
     padding: bool = True
+    packing: bool = True  # several sequences per row kept apart (restarting position_ids, cu_seq_lens_*)
     gqa: bool = True
     dropout: bool = True
     position_bias: bool = True  # additive score biases: ALiBi, T5 relative bias
@@ -93,6 +95,7 @@ BACKENDS: dict[str, Capabilities] = {
     "sdpa_fa": Capabilities(
         patterns=("full",),
         padding=False,
+        packing=False,
         position_bias=False,
         dropout=True,
         output_attentions="recomputed",
@@ -172,10 +175,17 @@ def check_backend_for_config(name: str, config) -> None:
                 _refuse(backend, feature, lambda c, f=feature: getattr(c, f))
 
 
-def _refuse(backend: str, feature: str, has) -> None:
+def check_batch_feature(backend: str, feature: str, description: str) -> None:
+    """Refuse a batch that needs `feature` (a `Capabilities` flag) which `backend` lacks: facts only the
+    inputs reveal (packed sequences), checked in the forward with the same message as at choice time."""
+    if not getattr(BACKENDS[backend], feature):
+        _refuse(backend, description, lambda c: getattr(c, feature), needed_by="this batch")
+
+
+def _refuse(backend: str, feature: str, has, needed_by: str = "this model") -> None:
     capable = [n for n, c in BACKENDS.items() if has(c)]
     raise ValueError(
-        f"attn_implementation={backend!r} does not support {feature}, which this model needs; "
+        f"attn_implementation={backend!r} does not support {feature}, which {needed_by} needs; "
         f"use one of {', '.join(map(repr, capable))}"
     )
 

@@ -22,7 +22,7 @@ from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 from .attention import attention_weights, eager_attention_forward
-from .masks import AttentionPattern
+from .masks import AttentionPattern, KernelMask
 
 # Norms ---------------------------------------------------------------------------------------------
 
@@ -249,6 +249,9 @@ class Attention(nn.Module):
         attention_fn: Callable = ALL_ATTENTION_FUNCTIONS.get_interface(
             self.config._attn_implementation, eager_attention_forward
         )
+        kernel_kwargs = {}
+        if isinstance(attention_mask, KernelMask):  # e.g. flash's varlen boundaries of packed rows
+            attention_mask, kernel_kwargs = attention_mask.mask, attention_mask.kwargs
         out, weights = attention_fn(
             self,
             q,
@@ -258,6 +261,7 @@ class Attention(nn.Module):
             scaling=self.scaling,
             dropout=self.attention_dropout if self.training else 0.0,
             sliding_window=self.sliding_window,
+            **kernel_kwargs,
         )
         if output_attentions and weights is None:
             # Fast kernels do not return probabilities: recompute them for this layer only.

@@ -11,20 +11,25 @@ first: keys j < `key_prefix` have index j, the rest `key_offset + j - key_prefix
 tensor expressions, so they evaluate densely (eager, sdpa), on gathered blocks (sparse) and under
 vmap (flex's `mask_mod`), and every backend therefore computes the same function.
 
-    allowed(q, k) = in_cache(k) & not_padding(k) & [k <= q if causal] & structure(q, k)
+    allowed(q, k) = in_cache(k) & not_padding(k) & [k <= q if causal] & same_sequence(q, k) & structure(q, k)
 
     structure: full            True
                sliding         window(q, k)
                sliding_global  window(q, k) | global(k) | global(q)
                bigbird         window(q, k) | global(k) | global(q) | random_block(q, k)
     window:    0 <= q - k < w (causal), |q - k| < w (bidirectional), w = `sliding_window`
+    same_sequence: True, or for packed rows (packing.py) the query's and the key's sequence numbers
+               agree; global tokens are then the first tokens of each sequence, and random blocks
+               are counted from the query's sequence start in the layout that sequence has alone
 
 Lowered forms (B batch, H heads, T queries, S keys):
     eager   additive float (B, 1 or H, T, S): 0 allowed, -inf not, plus position bias; or None
     sdpa    bool (B, 1, T, S), additive float with a bias, or None when `is_causal` (or nothing) says it
     sparse  a `BlockLayout` (see sparse.py); full layers take the sdpa form
     flex_attention     a BlockMask built from the same predicate
-    flash_attention_2  a (B, S) padding mask or None; the window goes to the kernel as `sliding_window`
+    flash_attention_2  a (B, S) padding mask or None; the window goes to the kernel as `sliding_window`;
+                       packed rows: a `KernelMask` carrying transformers' varlen arguments
+                       (`cu_seq_lens_q/k`, `max_length_q/k`), which the attention layer passes on
     sdpa_fa            None only (the kernel can apply no mask but `is_causal`)
 """
 
@@ -35,6 +40,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
+
+from .packing import PackedSequences
 
 
 def random_block_table(
@@ -55,6 +62,34 @@ def random_block_table(
     return table.to(device)
 
 
+def packed_random_tables(
+    seed: int, packing: PackedSequences, block_size: int, per_block: int, causal: bool
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """BigBird's random blocks for packed rows, so that each sequence gets the layout it has alone.
+
+    A sequence of n blocks alone draws `random_block_table(seed, n, n, ...)`, counted from its first
+    token. Returns the distinct layouts, zero-padded to the longest, (layouts, N, N) bool, and for
+    every token (B, T) the index of its sequence's layout.
+    """
+    blocks = (packing.lengths + block_size - 1) // block_size  # (B, T) blocks of each token's sequence
+    sizes = sorted(set(blocks.unique().tolist()))
+    longest = sizes[-1]
+    tables = torch.zeros(len(sizes), longest, longest, dtype=torch.bool)
+    for i, n in enumerate(sizes):
+        tables[i, :n, :n] = random_block_table(seed, n, n, per_block, causal)
+    index = torch.searchsorted(torch.tensor(sizes, device=blocks.device), blocks)
+    return tables.to(blocks.device), index
+
+
+@dataclass(frozen=True)
+class KernelMask:
+    """A lowered mask plus the keyword arguments its kernel takes beside it (flash-attention's varlen
+    boundaries for packed rows); the attention layer passes `mask` as the mask and `kwargs` on."""
+
+    mask: torch.Tensor | None
+    kwargs: dict
+
+
 @dataclass
 class AttentionPattern:
     """Everything needed to say whether query q may attend key k in one attention of one forward.
@@ -68,7 +103,12 @@ class AttentionPattern:
         total_length: tokens seen so far (P + T); key slots at or beyond it are empty cache rows.
         key_valid: (B, S) False for padding keys, or None.
         global_keys: (B, S) keys everyone attends; global_queries: (B, T) queries attending all.
-        random_table: (blocks of queries, blocks of keys) bool, for bigbird.
+        random_table: (blocks of queries, blocks of keys) bool, for bigbird; or (layouts, blocks of
+            queries, blocks of keys) with `random_index` (B, T) naming each query's layout (packed rows:
+            one layout per sequence length, block indices counted from the sequence's first token).
+        query_packing, key_packing: the packed sequences of the queries (B, T) and of the keys (B, S),
+            or None; a query sees only keys of the sequence with its number. Only without a cache,
+            so query and key indices are those of the packed tensors.
         bias_fn, query_pos, key_pos: additive position bias from positions (B, T) and (B, S);
             `bias_fn(q_pos, k_pos)` broadcasts and returns (..., H).
     """
@@ -92,6 +132,9 @@ class AttentionPattern:
     bias_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None
     query_pos: torch.Tensor | None = None
     key_pos: torch.Tensor | None = None
+    query_packing: PackedSequences | None = None
+    key_packing: PackedSequences | None = None
+    random_index: torch.Tensor | None = None
 
     # Predicates ---------------------------------------------------------------------------------
 
@@ -119,23 +162,35 @@ class AttentionPattern:
             local = k - self.key_offset
             ok = (local >= 0) & (local < self.key_length) & (k < self.total_length)
         safe = local.clamp(0, self.key_length - 1)
+        row = (q - self.query_offset).clamp(0, self.query_length - 1)
         if self.key_valid is not None:
             ok = ok & self.key_valid[b, safe]
         if self.causal:
             ok = ok & (k <= q)
+        if self.query_packing is not None:
+            ok = ok & (self.query_packing.ids[b, row] == self.key_packing.ids[b, safe])
         if self.kind == "full":
             return ok
         structure = self.window_predicate(q, k)
         if self.global_keys is not None:
             structure = structure | self.global_keys[b, safe]
         if self.global_queries is not None:
-            row = (q - self.query_offset).clamp(0, self.query_length - 1)
             structure = structure | self.global_queries[b, row]
         if self.random_table is not None:
+            structure = structure | self.random_blocks(b, row, q, k)
+        return ok & structure
+
+    def random_blocks(self, b, row, q, k):
+        """BigBird's random blocks at absolute (q, k); `row` is q's local row. For packed rows the
+        blocks are counted from the query's sequence start, in the layout of its sequence's length."""
+        if self.random_index is None:  # one layout, blocks counted from index 0
             qb = (q // self.block_size).clamp(max=self.random_table.shape[0] - 1)
             kb = (k // self.block_size).clamp(0, self.random_table.shape[1] - 1)
-            structure = structure | self.random_table[qb, kb]
-        return ok & structure
+            return self.random_table[qb, kb]
+        start, layout = self.query_packing.starts[b, row], self.random_index[b, row]
+        qb = ((q - start) // self.block_size).clamp(0, self.random_table.shape[1] - 1)
+        kb = ((k - start) // self.block_size).clamp(0, self.random_table.shape[2] - 1)
+        return self.random_table[layout, qb, kb]
 
     def mask_mod(self):
         """The predicate with flex attention's signature, on local query and key indices."""
@@ -178,6 +233,8 @@ class AttentionPattern:
     def is_trivial(self) -> bool:
         """True when nothing is masked beyond what `is_causal` (or no mask) expresses, and no bias."""
         if self.kind != "full" or self.bias_fn is not None or self.key_valid is not None:
+            return False
+        if self.query_packing is not None:
             return False
         if self.key_offset != 0 or self.key_prefix or self.key_length != self.total_length:
             return False
@@ -230,6 +287,18 @@ def lower_flash(pattern: AttentionPattern, dtype):
         raise ValueError(
             f"flash_attention_2 cannot compute a {pattern.kind!r} pattern or a position bias; use 'sparse' or 'sdpa'"
         )
+    if pattern.query_packing is not None:
+        if pattern.key_valid is not None:
+            raise ValueError(
+                "flash_attention_2 cannot combine a padding mask with packed sequences (transformers' flash path "
+                "then unpads by the mask and drops the sequence boundaries); pack without padding, as "
+                "DataCollatorWithFlattening does, or use 'sdpa' or 'sparse'"
+            )
+        # transformers' flash path runs the varlen kernel over the flattened batch with these
+        cu_q, max_q = pattern.query_packing.flash_boundaries()
+        cu_k, max_k = pattern.key_packing.flash_boundaries()
+        varlen = dict(cu_seq_lens_q=cu_q, cu_seq_lens_k=cu_k, max_length_q=max_q, max_length_k=max_k)
+        return KernelMask(None, varlen)
     if pattern.key_valid is None:
         return None
     return pattern.key_valid.long()
@@ -240,7 +309,8 @@ def lower_sdpa_fa(pattern: AttentionPattern, dtype):
         raise ValueError(
             "attn_implementation='sdpa_fa' (SDPA pinned to its FlashAttention kernel) can apply no mask but plain "
             f"causality, and this batch needs one (pattern={pattern.kind!r}, padding={pattern.key_valid is not None}, "
-            f"position bias={pattern.bias_fn is not None}, cached chunk={pattern.query_offset > 0 and pattern.query_length > 1}); "
+            f"position bias={pattern.bias_fn is not None}, packed sequences={pattern.query_packing is not None}, "
+            f"cached chunk={pattern.query_offset > 0 and pattern.query_length > 1}); "
             "use 'sdpa', 'sparse' or 'flash_attention_2'"
         )
     return None

@@ -21,6 +21,7 @@ from .modeling_base import (
     sequence_classification_loss,
     token_cross_entropy,
 )
+from .packing import packing_kwargs
 from .stack import StackMixin
 
 
@@ -56,6 +57,11 @@ class DecoderModel(StackMixin, DecoderPreTrainedModel):
         return_dict: bool | None = None,
         past_key_values: Cache | None = None,
         global_attention_mask: torch.Tensor | None = None,
+        cu_seq_lens_q: torch.Tensor | None = None,
+        cu_seq_lens_k: torch.Tensor | None = None,
+        max_length_q: int | None = None,
+        max_length_k: int | None = None,
+        seq_idx: torch.Tensor | None = None,
     ) -> BaseModelOutputWithPast | tuple:
         """
         Args:
@@ -64,6 +70,9 @@ class DecoderModel(StackMixin, DecoderPreTrainedModel):
             use_cache: create a `DynamicCache` when none is given and return it.
             global_attention_mask: (B, P + T), 1 for tokens that attend to and are attended by all
                 tokens (before them) in sliding_global/bigbird layers.
+            cu_seq_lens_q, cu_seq_lens_k, max_length_q, max_length_k, seq_idx: packed sequences as
+                `DataCollatorWithFlattening` marks them (restarting `position_ids` alone do too); each
+                sequence then attends only to itself (see modeling/packing.py).
         """
         cfg = self.config
         cache = resolve_cache_argument(cache, past_key_values)
@@ -82,6 +91,7 @@ class DecoderModel(StackMixin, DecoderPreTrainedModel):
             output_hidden_states=cfg.output_hidden_states
             if output_hidden_states is None
             else output_hidden_states,
+            packing_inputs=packing_kwargs(cu_seq_lens_q, cu_seq_lens_k, max_length_q, max_length_k, seq_idx),
         )
         out = BaseModelOutputWithPast(
             last_hidden_state=h, cache=cache, hidden_states=hidden, attentions=attns
@@ -115,6 +125,11 @@ class DecoderForCausalLM(DecoderPreTrainedModel, SwapformerGenerationMixin):
         num_items_in_batch: int | torch.Tensor | None = None,
         past_key_values: Cache | None = None,
         global_attention_mask: torch.Tensor | None = None,
+        cu_seq_lens_q: torch.Tensor | None = None,
+        cu_seq_lens_k: torch.Tensor | None = None,
+        max_length_q: int | None = None,
+        max_length_k: int | None = None,
+        seq_idx: torch.Tensor | None = None,
     ) -> CausalLMOutputWithPast | tuple:
         """
         Args:
@@ -134,6 +149,7 @@ class DecoderForCausalLM(DecoderPreTrainedModel, SwapformerGenerationMixin):
             output_hidden_states=output_hidden_states,
             global_attention_mask=global_attention_mask,
             return_dict=True,
+            **packing_kwargs(cu_seq_lens_q, cu_seq_lens_k, max_length_q, max_length_k, seq_idx),
         )
         logits = self.lm_head(keep_positions(out.last_hidden_state, logits_to_keep))
         loss = None
@@ -185,6 +201,11 @@ class DecoderForSequenceClassification(DecoderPreTrainedModel):
         return_dict: bool | None = None,
         past_key_values: Cache | None = None,
         global_attention_mask: torch.Tensor | None = None,
+        cu_seq_lens_q: torch.Tensor | None = None,
+        cu_seq_lens_k: torch.Tensor | None = None,
+        max_length_q: int | None = None,
+        max_length_k: int | None = None,
+        seq_idx: torch.Tensor | None = None,
     ) -> SequenceClassifierOutputWithPast | tuple:
         """The last token is the last one with attention_mask 1 (left or right padding), else
         the last one that is not `pad_token_id`, else the last position."""
@@ -199,6 +220,7 @@ class DecoderForSequenceClassification(DecoderPreTrainedModel):
             output_hidden_states=output_hidden_states,
             global_attention_mask=global_attention_mask,
             return_dict=True,
+            **packing_kwargs(cu_seq_lens_q, cu_seq_lens_k, max_length_q, max_length_k, seq_idx),
         )
         logits = self.score(out.last_hidden_state)  # (B, T, num_labels)
         b, t = logits.shape[:2]

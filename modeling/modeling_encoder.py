@@ -21,6 +21,7 @@ from .modeling_base import (
     sequence_classification_loss,
     token_cross_entropy,
 )
+from .packing import packing_kwargs
 from .stack import StackMixin
 
 
@@ -71,9 +72,18 @@ class EncoderModel(StackMixin, EncoderPreTrainedModel):
         output_hidden_states: bool | None = None,
         return_dict: bool | None = None,
         global_attention_mask: torch.Tensor | None = None,
+        cu_seq_lens_q: torch.Tensor | None = None,
+        cu_seq_lens_k: torch.Tensor | None = None,
+        max_length_q: int | None = None,
+        max_length_k: int | None = None,
+        seq_idx: torch.Tensor | None = None,
     ) -> BaseModelOutputWithPooling | tuple:
         """global_attention_mask: (B, T), 1 for tokens that attend to and are attended by all tokens
-        in sliding_global/bigbird layers (e.g. the CLS token, question tokens)."""
+        in sliding_global/bigbird layers (e.g. the CLS token, question tokens).
+
+        cu_seq_lens_q, cu_seq_lens_k, max_length_q, max_length_k, seq_idx: packed sequences as
+        `DataCollatorWithFlattening` marks them (restarting `position_ids` alone do too); each sequence
+        then attends only to itself (see modeling/packing.py)."""
         cfg = self.config
         h, hidden, attns, _ = self.forward_stack(
             input_ids=input_ids,
@@ -86,6 +96,7 @@ class EncoderModel(StackMixin, EncoderPreTrainedModel):
             output_hidden_states=cfg.output_hidden_states
             if output_hidden_states is None
             else output_hidden_states,
+            packing_inputs=packing_kwargs(cu_seq_lens_q, cu_seq_lens_k, max_length_q, max_length_k, seq_idx),
         )
         out = BaseModelOutputWithPooling(
             last_hidden_state=h,
@@ -139,6 +150,11 @@ class EncoderForMaskedLM(EncoderPreTrainedModel):
         return_dict=None,
         global_attention_mask=None,
         num_items_in_batch: int | torch.Tensor | None = None,
+        cu_seq_lens_q: torch.Tensor | None = None,
+        cu_seq_lens_k: torch.Tensor | None = None,
+        max_length_q: int | None = None,
+        max_length_k: int | None = None,
+        seq_idx: torch.Tensor | None = None,
     ) -> MaskedLMOutput | tuple:
         """labels: (B, T) token ids at masked positions, -100 elsewhere."""
         out = self.model(
@@ -151,6 +167,7 @@ class EncoderForMaskedLM(EncoderPreTrainedModel):
             output_hidden_states=output_hidden_states,
             global_attention_mask=global_attention_mask,
             return_dict=True,
+            **packing_kwargs(cu_seq_lens_q, cu_seq_lens_k, max_length_q, max_length_k, seq_idx),
         )
         logits = self.lm_head(out.last_hidden_state)
         loss = None
@@ -209,6 +226,11 @@ class EncoderForSequenceClassification(EncoderPreTrainedModel):
         output_hidden_states=None,
         return_dict=None,
         global_attention_mask=None,
+        cu_seq_lens_q: torch.Tensor | None = None,
+        cu_seq_lens_k: torch.Tensor | None = None,
+        max_length_q: int | None = None,
+        max_length_k: int | None = None,
+        seq_idx: torch.Tensor | None = None,
     ) -> SequenceClassifierOutput | tuple:
         """labels: (B,) class ids, (B,) floats for regression, or (B, num_labels) multi-label targets."""
         out = self.model(
@@ -221,6 +243,7 @@ class EncoderForSequenceClassification(EncoderPreTrainedModel):
             output_hidden_states=output_hidden_states,
             global_attention_mask=global_attention_mask,
             return_dict=True,
+            **packing_kwargs(cu_seq_lens_q, cu_seq_lens_k, max_length_q, max_length_k, seq_idx),
         )
         if self.dropout is not None:
             logits = self.classifier(self.dropout(out.pooler_output))
@@ -256,6 +279,11 @@ class EncoderForTokenClassification(EncoderPreTrainedModel):
         return_dict=None,
         global_attention_mask=None,
         num_items_in_batch: int | torch.Tensor | None = None,
+        cu_seq_lens_q: torch.Tensor | None = None,
+        cu_seq_lens_k: torch.Tensor | None = None,
+        max_length_q: int | None = None,
+        max_length_k: int | None = None,
+        seq_idx: torch.Tensor | None = None,
     ) -> TokenClassifierOutput | tuple:
         """labels: (B, T) class ids, -100 where no loss is taken."""
         out = self.model(
@@ -268,6 +296,7 @@ class EncoderForTokenClassification(EncoderPreTrainedModel):
             output_hidden_states=output_hidden_states,
             global_attention_mask=global_attention_mask,
             return_dict=True,
+            **packing_kwargs(cu_seq_lens_q, cu_seq_lens_k, max_length_q, max_length_k, seq_idx),
         )
         logits = self.classifier(self.dropout(out.last_hidden_state))
         loss = None
@@ -299,6 +328,11 @@ class EncoderForQuestionAnswering(EncoderPreTrainedModel):
         output_hidden_states=None,
         return_dict=None,
         global_attention_mask=None,
+        cu_seq_lens_q: torch.Tensor | None = None,
+        cu_seq_lens_k: torch.Tensor | None = None,
+        max_length_q: int | None = None,
+        max_length_k: int | None = None,
+        seq_idx: torch.Tensor | None = None,
     ) -> QuestionAnsweringModelOutput | tuple:
         """start_positions, end_positions: (B,) token indices of the answer span; positions outside
         the sequence are ignored by the loss."""
@@ -312,6 +346,7 @@ class EncoderForQuestionAnswering(EncoderPreTrainedModel):
             output_hidden_states=output_hidden_states,
             global_attention_mask=global_attention_mask,
             return_dict=True,
+            **packing_kwargs(cu_seq_lens_q, cu_seq_lens_k, max_length_q, max_length_k, seq_idx),
         )
         start_logits, end_logits = self.qa_outputs(out.last_hidden_state).unbind(-1)  # (B, T) each
         loss = None

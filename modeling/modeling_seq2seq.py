@@ -23,6 +23,7 @@ from .modeling_base import (
     resolve_cache_argument,
     token_cross_entropy,
 )
+from .packing import PackedSequences, find_packed_sequences, packing_kwargs
 from .stack import StackMixin
 
 
@@ -81,7 +82,15 @@ class Seq2SeqStack(StackMixin, nn.Module):
         output_hidden_states: bool | None = None,
         return_dict: bool | None = None,
         global_attention_mask: torch.Tensor | None = None,
+        cu_seq_lens_q: torch.Tensor | None = None,
+        cu_seq_lens_k: torch.Tensor | None = None,
+        max_length_q: int | None = None,
+        max_length_k: int | None = None,
+        seq_idx: torch.Tensor | None = None,
+        encoder_packing: PackedSequences | None = None,
     ):
+        """The collator's packing arguments (cu_seq_lens_q, ..., seq_idx) describe this half's input;
+        `encoder_packing` (decoder half) pairs each packed decoder sequence with its encoder sequence."""
         cfg = self.config
         if self.is_decoder and encoder_hidden_states is None:
             raise ValueError("The decoder needs encoder_hidden_states (the encoder's last hidden state)")
@@ -99,6 +108,8 @@ class Seq2SeqStack(StackMixin, nn.Module):
             if output_hidden_states is None
             else output_hidden_states,
             input_prefix="decoder_" if self.is_decoder else "",
+            encoder_packing=encoder_packing,
+            packing_inputs=packing_kwargs(cu_seq_lens_q, cu_seq_lens_k, max_length_q, max_length_k, seq_idx),
         )
         if self.is_decoder:
             out = BaseModelOutputWithPastAndCrossAttentions(
@@ -187,6 +198,12 @@ class Seq2SeqModel(Seq2SeqPreTrainedModel):
         return_dict: bool | None = None,
         past_key_values: Cache | None = None,
         global_attention_mask: torch.Tensor | None = None,
+        position_ids: torch.Tensor | None = None,
+        cu_seq_lens_q: torch.Tensor | None = None,
+        cu_seq_lens_k: torch.Tensor | None = None,
+        max_length_q: int | None = None,
+        max_length_k: int | None = None,
+        seq_idx: torch.Tensor | None = None,
     ) -> Seq2SeqModelOutput | tuple:
         """
         Args:
@@ -195,21 +212,38 @@ class Seq2SeqModel(Seq2SeqPreTrainedModel):
             encoder_outputs: a previous encoder output, reused instead of running the encoder.
             global_attention_mask: (B, S_enc) global tokens of the encoder input.
             cache: an `EncoderDecoderCache` (self-attention and cross-attention keys/values).
+            position_ids: (B, S_enc) positions of the encoder input; restarting ones mark packed
+                sequences, as do cu_seq_lens_q, cu_seq_lens_k, max_length_q, max_length_k and seq_idx
+                (what `DataCollatorWithFlattening` gives for `input_ids`). Packed decoder inputs
+                (restarting `decoder_position_ids`) pair their n-th sequence with the n-th encoder one.
         """
         cfg = self.config
         cache = resolve_cache_argument(cache, past_key_values)
+        packing = packing_kwargs(cu_seq_lens_q, cu_seq_lens_k, max_length_q, max_length_k, seq_idx)
         if encoder_outputs is None:
             encoder_outputs = self.encoder(
                 input_ids=input_ids,
                 attention_mask=attention_mask,
+                position_ids=position_ids,
                 inputs_embeds=inputs_embeds,
                 output_attentions=output_attentions,
                 output_hidden_states=output_hidden_states,
                 global_attention_mask=global_attention_mask,
                 return_dict=True,
+                **packing,
             )
         elif not isinstance(encoder_outputs, BaseModelOutput):
             encoder_outputs = BaseModelOutput(*encoder_outputs)
+        encoder_h = encoder_outputs.last_hidden_state
+        # the encoder's packed sequences again (also when encoder_outputs was given), for cross-attention
+        encoder_packing = find_packed_sequences(
+            batch=encoder_h.shape[0],
+            length=encoder_h.shape[1],
+            device=encoder_h.device,
+            key_valid=attention_mask,
+            position_ids=position_ids,
+            **packing,
+        )
         if decoder_input_ids is None and decoder_inputs_embeds is None:
             raise ValueError(
                 "Pass decoder_input_ids or decoder_inputs_embeds (or labels to the LM, which makes them)"
@@ -226,6 +260,7 @@ class Seq2SeqModel(Seq2SeqPreTrainedModel):
             inputs_embeds=decoder_inputs_embeds,
             encoder_hidden_states=encoder_outputs.last_hidden_state,
             encoder_attention_mask=attention_mask,
+            encoder_packing=encoder_packing,
             cache=cache,
             output_attentions=output_attentions,
             output_hidden_states=output_hidden_states,
@@ -291,6 +326,12 @@ class Seq2SeqForConditionalGeneration(Seq2SeqPreTrainedModel, SwapformerGenerati
         num_items_in_batch: int | torch.Tensor | None = None,
         past_key_values: Cache | None = None,
         global_attention_mask: torch.Tensor | None = None,
+        position_ids: torch.Tensor | None = None,
+        cu_seq_lens_q: torch.Tensor | None = None,
+        cu_seq_lens_k: torch.Tensor | None = None,
+        max_length_q: int | None = None,
+        max_length_k: int | None = None,
+        seq_idx: torch.Tensor | None = None,
     ) -> Seq2SeqLMOutput | tuple:
         """
         Args:
@@ -315,6 +356,8 @@ class Seq2SeqForConditionalGeneration(Seq2SeqPreTrainedModel, SwapformerGenerati
             output_hidden_states=output_hidden_states,
             global_attention_mask=global_attention_mask,
             return_dict=True,
+            position_ids=position_ids,
+            **packing_kwargs(cu_seq_lens_q, cu_seq_lens_k, max_length_q, max_length_k, seq_idx),
         )
         h = out.last_hidden_state
         if self.config.scale_decoder_outputs:

@@ -52,30 +52,70 @@ def _first_true(flags: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return order, torch.gather(flags, 1, order)
 
 
-def _extra_keys(pattern: AttentionPattern, band_abs: torch.Tensor, first_block: int):
+def _random_keys(pattern: AttentionPattern, q_abs: torch.Tensor):
+    """BigBird's random key blocks of each query block: absolute key indices (B or 1, N, R), and which
+    of them each query row draws (B or 1, N, b, R).
+
+    A row draws the random blocks of its query block counted from its sequence's first token (0
+    unless rows are packed). Rows of one block that share a draw form a run; each run's blocks are
+    gathered once, and an entry counts only for the rows of its run (so a key two runs both drew is
+    never counted twice for one row). Without packing a block is a single run.
+    """
+    b = pattern.block_size
+    table = pattern.random_table if pattern.random_table.dim() == 3 else pattern.random_table[None]
+    rows = (q_abs - pattern.query_offset).clamp(0, pattern.query_length - 1)  # (N, b)
+    if pattern.random_index is not None:
+        start, layout = pattern.query_packing.starts[:, rows], pattern.random_index[:, rows]  # (B, N, b)
+    else:
+        start = layout = torch.zeros_like(q_abs)[None]
+    relative = ((q_abs - start) // b).clamp(0, table.shape[1] - 1)  # (B', N, b) query block in its sequence
+    new_run = torch.ones_like(relative, dtype=torch.bool)
+    new_run[..., 1:] = (
+        (relative[..., 1:] != relative[..., :-1])
+        | (layout[..., 1:] != layout[..., :-1])
+        | (start[..., 1:] != start[..., :-1])
+    )
+    run_of_row = new_run.long().cumsum(-1) - 1  # (B', N, b)
+    first_rows, real_run = _first_true(new_run.flatten(0, 1))  # (B'*N, P)
+    first_rows = first_rows.view(*new_run.shape[:2], -1)
+    pick = lambda x: torch.gather(x, -1, first_rows)  # noqa: E731  (B', N, P) a run's first-row value
+    draws = table[pick(layout), pick(relative)]  # (B', N, P, key blocks)
+    draws = draws & real_run.view_as(first_rows)[..., None]
+    chosen, present = _first_true(draws.flatten(0, 2))  # (B'*N*P, r)
+    chosen = chosen.view(*draws.shape[:3], -1)
+    keys = pick(start)[..., None, None] + chosen[..., None] * b + torch.arange(b, device=q_abs.device)
+    per_run = chosen.shape[-1] * b
+    entry_run = torch.arange(first_rows.shape[-1], device=q_abs.device).repeat_interleave(per_run)
+    entry_present = present.view(*chosen.shape).repeat_interleave(b, dim=-1).flatten(-2)  # (B', N, P*r*b)
+    counted = (run_of_row[..., None] == entry_run) & entry_present[:, :, None, :]
+    return keys.flatten(2), counted
+
+
+def _extra_keys(pattern: AttentionPattern, band_abs: torch.Tensor, q_abs: torch.Tensor):
     """Global keys, then random blocks, per query block: absolute indices (B, N, E) and whether each
-    entry is counted in this segment (B, N, E); None when the pattern has neither."""
-    batch, n_blocks, b = pattern.batch, band_abs.shape[0], pattern.block_size
+    entry is counted in this segment for each query row (B, N, b or 1, E); None when the pattern has
+    neither."""
+    batch, n_blocks = pattern.batch, band_abs.shape[0]
     parts, n_glob = [], 0
     if pattern.global_keys is not None:
         order, present = _first_true(pattern.global_keys)
         n_glob = order.shape[1]
-        parts.append(((order + pattern.key_offset)[:, None, :], present[:, None, :]))
+        parts.append(((order + pattern.key_offset)[:, None, :], present[:, None, None, :]))
     if pattern.random_table is not None:
-        chosen, present = _first_true(pattern.random_table[first_block : first_block + n_blocks])  # (N, r)
-        keys = (chosen[:, :, None] * b + torch.arange(b, device=band_abs.device)).reshape(n_blocks, -1)
-        parts.append((keys[None], present.repeat_interleave(b, dim=1)[None]))
+        parts.append(_random_keys(pattern, q_abs))
     parts = [(k, ok) for k, ok in parts if k.shape[-1]]
     if not parts:
         return None, None
+    rows = max(ok.shape[2] for _, ok in parts)
     extra_abs = torch.cat([k.expand(batch, n_blocks, -1) for k, _ in parts], dim=-1)
-    counted = torch.cat([ok.expand(batch, n_blocks, -1) for _, ok in parts], dim=-1)
+    counted = torch.cat([ok.expand(batch, n_blocks, rows, -1) for _, ok in parts], dim=-1)
     # A key inside the block's band is counted there; a global key is counted once, as a global.
-    counted = counted & ~((extra_abs >= band_abs[None, :, :1]) & (extra_abs <= band_abs[None, :, -1:]))
+    in_band = (extra_abs >= band_abs[None, :, :1]) & (extra_abs <= band_abs[None, :, -1:])
+    counted = counted & ~in_band[:, :, None, :]
     if n_glob and extra_abs.shape[-1] > n_glob:
         local = (extra_abs[..., n_glob:] - pattern.key_offset).clamp(0, pattern.key_length - 1)
         is_global = torch.gather(pattern.global_keys, 1, local.reshape(batch, -1)).view_as(local)
-        counted[..., n_glob:] &= ~is_global
+        counted[..., n_glob:] &= ~is_global[:, :, None, :]
     return extra_abs, counted
 
 
@@ -93,7 +133,8 @@ def lower_sparse(pattern: AttentionPattern, dtype):
     band_length = b + left + right
     block_start = (torch.arange(n_blocks, device=device) + first_block) * b  # absolute first row
     band_abs = block_start[:, None] - left + torch.arange(band_length, device=device)  # (N, band)
-    extra_abs, counted = _extra_keys(pattern, band_abs, first_block)
+    q_abs = block_start[:, None] + torch.arange(b, device=device)  # (N, b)
+    extra_abs, counted = _extra_keys(pattern, band_abs, q_abs)
     key_abs = (
         band_abs[None]
         if extra_abs is None
@@ -102,11 +143,10 @@ def lower_sparse(pattern: AttentionPattern, dtype):
 
     # The same predicate as the dense backends, on the gathered indices, evaluated a few blocks at a
     # time (int32, cache-sized temporaries) straight into the additive mask (B, N, 1, b, L).
-    q_abs = block_start[:, None] + torch.arange(b, device=device)  # (N, b)
     real_row = (q_abs >= pattern.query_offset) & (q_abs < pattern.query_offset + pattern.query_length)
     if counted is not None:
-        band_counted = torch.ones(batch, n_blocks, band_length, dtype=torch.bool, device=device)
-        counted = torch.cat([band_counted, counted], dim=-1)  # (B, N, L)
+        band_counted = torch.ones(*counted.shape[:3], band_length, dtype=torch.bool, device=device)
+        counted = torch.cat([band_counted, counted], dim=-1)  # (B, N, b or 1, L)
     bidx = torch.arange(batch, device=device)[:, None, None, None]
     q32, k32 = q_abs.int(), key_abs.int()
     mask = torch.empty(batch, n_blocks, 1, b, key_abs.shape[-1], dtype=dtype, device=device)
@@ -116,7 +156,7 @@ def lower_sparse(pattern: AttentionPattern, dtype):
         allowed = pattern.allowed(bidx, q32[None, part, :, None], k32[:, part, None, :])  # (B, n, b, L)
         allowed = allowed & real_row[None, part, :, None]
         if counted is not None:
-            allowed = allowed & counted[:, part, None, :]
+            allowed = allowed & counted[:, part]
         mask[:, part, 0] = torch.zeros((), dtype=dtype, device=device).masked_fill(~allowed, float("-inf"))
     if pattern.bias_fn is not None:
         k_local = (key_abs - pattern.key_offset).clamp(0, pattern.key_length - 1).expand(batch, -1, -1)

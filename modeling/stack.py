@@ -21,9 +21,16 @@ from transformers.cache_utils import (
     StaticLayer,
 )
 
-from ..configuration.backends import LAYER_TYPE_PATTERN
+from ..configuration.backends import LAYER_TYPE_PATTERN, check_batch_feature
 from .layers import Block, alibi_bias, make_norm, relative_position_bucket, rope_cos_sin, sinusoidal_embedding
-from .masks import AttentionPattern, lower, random_block_table
+from .masks import AttentionPattern, lower, packed_random_tables, random_block_table
+from .packing import (
+    PackedSequences,
+    check_cache_not_packed,
+    check_cross_packing,
+    find_packed_sequences,
+    mark_cache_packed,
+)
 
 
 class GlobalWindowLayer(DynamicLayer):
@@ -219,9 +226,11 @@ class StackMixin:
         return self.relative_attention_bias(buckets)
 
     def self_attention_patterns(
-        self, *, batch, t, past, cache, key_valid, key_pos, query_pos, global_mask, device
+        self, *, batch, t, past, cache, key_valid, key_pos, query_pos, global_mask, packing, device
     ):
-        """One `AttentionPattern` per layer type of this stack, sized by the cache layer it reads."""
+        """One `AttentionPattern` per layer type of this stack, sized by the cache layer it reads.
+        With packed rows (`packing`, no cache content), `key_pos` restarts per sequence, so global
+        tokens are the first `global_tokens` of each sequence."""
         cfg = self.config
         total = past + t
         has_bias = cfg.position_embedding_type in ("alibi", "relative_bias")
@@ -270,7 +279,16 @@ class StackMixin:
             if is_global is not None:
                 pattern.global_keys = select_keys(is_global, key_index, False)
                 pattern.global_queries = is_global[:, past:]
-            if kind == "bigbird":
+            if packing is not None:
+                pattern.query_packing = packing
+                pattern.key_packing = PackedSequences(
+                    *(select_keys(x, key_index, -1) for x in (packing.ids, packing.starts, packing.lengths))
+                )
+            if kind == "bigbird" and packing is not None:
+                pattern.random_table, pattern.random_index = packed_random_tables(
+                    cfg.random_seed, packing, cfg.attention_block_size, cfg.num_random_blocks, self.causal
+                )
+            elif kind == "bigbird":
                 bs = cfg.attention_block_size
                 n_key_blocks = -(-max(total, kv_offset + kv_length) // bs)
                 pattern.random_table = random_block_table(
@@ -278,6 +296,35 @@ class StackMixin:
                 )
             patterns[layer_type] = pattern
         return patterns
+
+    def positions_and_packing(
+        self, *, batch, length, past, device, key_valid, position_ids, cache, packing_inputs, prefix
+    ):
+        """Query positions (B, T), key positions (B, P + T) and the packed sequences of this forward
+        (None when each row holds one). Packed rows restart their positions, for keys too (ALiBi and
+        T5 distances, global tokens); a cache that receives them is marked so it is never extended."""
+        if cache is not None:
+            check_cache_not_packed(cache, past, prefix)
+        packing = find_packed_sequences(
+            batch=batch,
+            length=length,
+            device=device,
+            key_valid=key_valid[:, past:] if key_valid is not None else None,
+            position_ids=position_ids,
+            past=past,
+            prefix=prefix,
+            **packing_inputs,
+        )
+        key_pos = positions_from_mask(key_valid, batch, past + length, device)  # (B, S)
+        if position_ids is None:
+            position_ids = key_pos[:, past:] if packing is None else packing.positions(key_valid)
+        else:
+            position_ids = position_ids.view(-1, length).expand(batch, length).to(device)
+        if (key_valid is None and past == 0) or packing is not None:
+            key_pos = position_ids
+        if packing is not None and cache is not None:
+            mark_cache_packed(cache)
+        return position_ids, key_pos, packing
 
     # Forward ------------------------------------------------------------------------------------
 
@@ -296,6 +343,8 @@ class StackMixin:
         output_attentions: bool = False,
         output_hidden_states: bool = False,
         input_prefix: str = "",
+        packing_inputs: dict | None = None,
+        encoder_packing: PackedSequences | None = None,
     ):
         """Run the stack.
 
@@ -308,6 +357,11 @@ class StackMixin:
             encoder_hidden_states: (B, S_enc, E) for cross-attention, with its padding mask
                 `encoder_attention_mask` (B, S_enc).
             input_prefix: "decoder_" when this is the decoder half of a seq2seq (for error messages).
+            packing_inputs: the forward's cu_seq_lens_q, cu_seq_lens_k, max_length_q, max_length_k and
+                seq_idx (`packing.packing_kwargs`): packed-sequence boundaries as
+                `DataCollatorWithFlattening` gives them, checked against `position_ids` (restarting
+                `position_ids` alone mark packed sequences too).
+            encoder_packing: the packed sequences of the encoder input, for cross-attention.
         Returns:
             (last hidden state, all hidden states or None, self-attention weights or None,
             cross-attention weights or None).
@@ -332,13 +386,17 @@ class StackMixin:
                 f"(batch={b}, length={past + t}), one entry per cached and new token"
             )
         key_valid = attention_mask.bool() if attention_mask is not None else None
-        key_pos = positions_from_mask(key_valid, b, past + t, device)  # (B, S)
-        if position_ids is None:
-            position_ids = key_pos[:, past:]
-        else:
-            position_ids = position_ids.view(-1, t).expand(b, t).to(device)
-            if key_valid is None and past == 0:
-                key_pos = position_ids
+        position_ids, key_pos, packing = self.positions_and_packing(
+            batch=b,
+            length=t,
+            past=past,
+            device=device,
+            key_valid=key_valid,
+            position_ids=position_ids,
+            cache=cache,
+            packing_inputs=packing_inputs or {},
+            prefix=input_prefix,
+        )
 
         h = self.embed(input_ids, inputs_embeds, token_type_ids, position_ids)
         rope = None
@@ -353,9 +411,15 @@ class StackMixin:
             key_pos=key_pos,
             query_pos=position_ids,
             global_mask=global_attention_mask,
+            packing=packing,
             device=device,
         )
         backends = {lt: config.backend_for(lt) for lt in patterns}
+        if packing is not None or encoder_packing is not None:
+            for backend in sorted(set(backends.values())):
+                check_batch_feature(
+                    backend, "packing", "packed sequences (restarting position_ids, cu_seq_lens_* or seq_idx)"
+                )
         if (
             "flex_attention" in backends.values()
             and device.type == "cpu"
@@ -383,6 +447,9 @@ class StackMixin:
                 device=device,
                 key_valid=enc_valid if enc_valid is not None and not bool(enc_valid.all()) else None,
             )
+            check_cross_packing(packing, encoder_packing, b)
+            if packing is not None:
+                cross_pattern.query_packing, cross_pattern.key_packing = packing, encoder_packing
             for lt in patterns:
                 cross_masks[lt] = lower(cross_pattern, config.backend_for(lt), h.dtype)
 

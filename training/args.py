@@ -135,6 +135,7 @@ class TrainArgs:
     min_lr_ratio: float = 0.1
     mixed_precision: str = "no"
     gradient_checkpointing: bool = False
+    packing: bool = False  # each document its own sequence within the blocks (no cross-document attention)
     seed: int = 0
     save_every: int | None = None
     keep_checkpoints: int = 2
@@ -172,8 +173,14 @@ class TrainArgs:
         return dataclasses.asdict(self)
 
     def differences(self, other: dict) -> list[str]:
-        """Names of the arguments (other than resume-only ones) whose values differ from `other`."""
+        """Names of the arguments (other than resume-only ones) whose values differ from `other`. An
+        argument added after `other` was saved counts as its default there (a run saved before
+        `--packing` existed did not pack)."""
         mine = self.to_json()
+        defaults = {
+            f.name: f.default for f in dataclasses.fields(self) if f.default is not dataclasses.MISSING
+        }
+        other = {**defaults, **other}
         names = (set(mine) | set(other)) - RESUME_FREE
         return sorted(n for n in names if mine.get(n) != other.get(n))
 
@@ -280,6 +287,8 @@ def validate(args: TrainArgs) -> None:
             check_backend_name(choice)
     except ValueError as e:
         raise TrainArgumentError(f"--attn: {e}") from e
+    if args.packing:
+        check_packing(args)
     if args.push_to_hub is not None:
         from huggingface_hub.utils import HFValidationError, validate_repo_id
 
@@ -347,6 +356,25 @@ def validate(args: TrainArgs) -> None:
                 f"--set {name}=...: the vocabulary and its special tokens come from the tokenizer "
                 "(--vocab-size, --tokenizer)"
             )
+
+
+def check_packing(args: TrainArgs) -> None:
+    """--packing needs an objective whose inputs keep token order (not span corruption) and backends
+    that keep packed sequences apart."""
+    if args.arch == "encoder-decoder":
+        raise TrainArgumentError(
+            "--packing supports --arch decoder and encoder; span corruption (encoder-decoder) rewrites each "
+            "block into an input and a target that no longer line up with its documents. Drop --packing"
+        )
+    from ..configuration.backends import BACKENDS  # here, so `swapformer --help` imports no transformers
+
+    lacking = sorted(b for b in attn_backends(args.attn) if not BACKENDS[b].packing)
+    if lacking:
+        capable = [n for n, c in BACKENDS.items() if c.packing]
+        raise TrainArgumentError(
+            f"--packing: --attn {lacking[0]!r} cannot keep packed sequences apart; use one of "
+            f"{', '.join(map(repr, capable))}"
+        )
 
 
 def attn_choice(attn: str) -> str | dict:

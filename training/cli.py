@@ -69,6 +69,11 @@ def add_subcommand(subparsers) -> None:
     data.add_argument("--vocab-size", type=int, help="size of the BPE trained (preset default)")
     data.add_argument("--seq-len", type=int, help="tokens per block (preset default)")
     data.add_argument(
+        "--packing",
+        action="store_true",
+        help="each document of a block is its own sequence: no attention across documents",
+    )
+    data.add_argument(
         "--max-train-chars",
         type=int,
         help="character budget of the training split, 0 for all (preset default)",

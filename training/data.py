@@ -8,7 +8,9 @@ exists on every machine without a download.
 Determinism, which `--resume` and the multi-process run rely on:
 - documents are listed in sorted path order, and each goes to validation or training by a hash of
   its name, so the split does not depend on the file system's order or on which files exist;
-- tokens are packed into blocks of `seq_len` (documents joined by `</s>`);
+- tokens are packed into blocks of `seq_len` (documents joined by `</s>`); with `--packing` each
+  document of a block is its own sequence (`DocumentPacking`: position ids restart after every
+  `</s>`), so no token attends across a document boundary;
 - the block read at global position p (step * global batch + row) is a pure function of
   (seed, p): a fresh permutation per epoch. Resuming at step s therefore needs only s.
 """
@@ -208,6 +210,40 @@ def pack(tokenizer, docs: list[Document], seq_len: int) -> torch.Tensor:
     stream = np.fromiter((t for ids in encoded for t in (*ids, eos)), dtype=np.int64)
     n = len(stream) // seq_len
     return torch.from_numpy(stream[: n * seq_len].copy()).view(n, seq_len)
+
+
+def document_positions(blocks: torch.Tensor, eos_id: int) -> torch.Tensor:
+    """(N, T) position of each token within its document: 0 at the start of a block and after every
+    `</s>` (a document ends with its `</s>`; one cut by a block boundary continues as a new sequence)."""
+    starts = torch.zeros_like(blocks, dtype=torch.bool)
+    starts[:, 0] = True
+    starts[:, 1:] = blocks[:, :-1] == eos_id
+    index = torch.arange(blocks.shape[1]).expand_as(blocks)
+    return index - torch.where(starts, index, torch.zeros_like(index)).cummax(dim=1).values
+
+
+class DocumentPacking:
+    """`--packing`: an objective whose batches keep documents apart. The blocks are the same, and so is
+    everything drawn from the generator; the batch gains `position_ids` restarting at every document
+    (what the models read as packed sequences), and a causal LM takes no loss on a document's first
+    token (which would be predicted from the previous document, as DataCollatorWithFlattening's
+    labels also leave out). A pure function of the blocks: batches stay a function of (seed, step)."""
+
+    def __init__(self, objective, eos_id: int):
+        self.objective = objective
+        self.eos_id = eos_id
+        self.shift = objective.shift
+
+    def __call__(self, blocks: torch.Tensor, generator: torch.Generator) -> dict[str, torch.Tensor]:
+        batch = self.objective(blocks, generator)
+        positions = document_positions(blocks, self.eos_id)
+        batch["position_ids"] = positions
+        if self.shift:
+            batch["labels"] = batch["labels"].masked_fill(positions == 0, -100)
+        return batch
+
+    def num_targets(self, batch: dict[str, torch.Tensor]) -> int:
+        return self.objective.num_targets(batch)
 
 
 class BlockOrder:

@@ -389,6 +389,8 @@ def _tokenized(args: TrainArgs, tokenizer, corpus_name, train_docs, val_docs, te
                 "or lower --seq-len"
             )
     objective = make_objective(tokenizer, args)
+    if args.packing:
+        objective = data_mod.DocumentPacking(objective, tokenizer.eos_token_id)
     order = data_mod.BlockOrder(len(train_blocks), args.seed)
     return RunData(
         tokenizer,
@@ -778,5 +780,6 @@ def _corpus_text(args: TrainArgs, data: RunData) -> str:
         f"(fraction {args.val_fraction}; a dataset's own validation split instead, where it has one), so the "
         f"split is deterministic. Training: {len(data.train_docs)} documents, {data.train_blocks.numel():,} "
         f"tokens; validation: {len(data.val_docs)} documents, {data.val_blocks.numel():,} tokens{test} "
-        f"(blocks of {args.seq_len} tokens, documents joined by `</s>`)."
+        f"(blocks of {args.seq_len} tokens, documents joined by `</s>`"
+        f"{'; each document its own sequence, no attention across documents (--packing)' if args.packing else ''})."
     )
