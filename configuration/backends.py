@@ -111,16 +111,27 @@ UNSUPPORTED = {
 }
 
 
-def check_backend_name(name) -> str:
-    """Return `name` if swapformer runs it, else raise a ValueError that says what to use."""
+def check_backend_name(name, where: str = "") -> str:
+    """Return `name` if swapformer runs it, else raise a ValueError that says what to use.
+
+    Worded as transformers' own models word it (`PreTrainedModel.get_correct_attn_implementation`,
+    same type, same opening), followed by swapformer's names; `where` ends it (which mapping entry)."""
     if name in BACKENDS or name == PER_LAYER_BACKEND:
         return name
+    opening = f"Specified `attn_implementation={_quoted(name)}` is not supported"
     if name in UNSUPPORTED:
-        raise ValueError(f"attn_implementation={name!r}: {UNSUPPORTED[name]}")
-    raise ValueError(
-        f"Unknown attn_implementation={name!r}; swapformer supports {', '.join(map(repr, BACKENDS))}, or a "
-        f"{{layer type: backend}} mapping"
+        raise ValueError(f"{opening}: {UNSUPPORTED[name]}{where}")
+    names = ", ".join(
+        f"`{_quoted(n)}`" if i else f"`attn_implementation={_quoted(n)}`" for i, n in enumerate(BACKENDS)
     )
+    raise ValueError(
+        f"{opening}. The only possible arguments are {names}, or a {{layer type: backend}} mapping such as "
+        f'{{"full_attention": "sdpa", "sliding_attention": "sparse"}}.{where}'
+    )
+
+
+def _quoted(name) -> str:
+    return f'"{name}"' if isinstance(name, str) else repr(name)
 
 
 def check_layer_backends(mapping: dict, layer_types: list[str] | None) -> dict:
@@ -131,7 +142,7 @@ def check_layer_backends(mapping: dict, layer_types: list[str] | None) -> dict:
                 f"attn_implementation mapping key {layer_type!r} is not a layer type; use "
                 f"{', '.join(map(repr, LAYER_TYPE_PATTERN))}"
             )
-        check_backend_name(backend)
+        check_backend_name(backend, f" It was given for {layer_type} layers.")
         if backend == PER_LAYER_BACKEND:
             raise ValueError("a per-layer mapping cannot name another mapping")
     if layer_types is not None:
