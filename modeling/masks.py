@@ -176,8 +176,11 @@ class AttentionPattern:
         return torch.where(allowed, bias.to(dtype), neg_inf)
 
     def is_trivial(self) -> bool:
-        """True when nothing is masked beyond what `is_causal` (or no mask) expresses, and no bias."""
+        """True when nothing is masked beyond what `is_causal` (or no mask) expresses, and no bias.
+        False when the answer would depend on data: a static cache's token count held in a tensor."""
         if self.kind != "full" or self.bias_fn is not None or self.key_valid is not None:
+            return False
+        if torch.is_tensor(self.query_offset) or torch.is_tensor(self.total_length):
             return False
         if self.key_offset != 0 or self.key_prefix or self.key_length != self.total_length:
             return False
