@@ -37,6 +37,7 @@ FEATURES = (
     "output_attentions",
     "kv_cache",
     "backward",
+    "compile",
     "devices",
     "dtypes",
 )
@@ -57,6 +58,10 @@ class Capabilities:
     output_attentions: str = "native"
     kv_cache: bool = True
     backward: tuple[str, ...] = ("cpu", "cuda")  # devices where gradients flow
+    # devices where a model on this backend runs inside torch.compile(fullgraph=True) and torch.export,
+    # and why not elsewhere (checked in the forward that runs compiled: only it knows)
+    compile: tuple[str, ...] = ("cpu", "cuda")
+    no_compile: str = ""
     devices: tuple[str, ...] = ("cpu", "cuda")
     dtypes: tuple[str, ...] = ("float32", "float16", "bfloat16")
     needs: str = ""  # an optional package, checked when chosen
@@ -71,6 +76,8 @@ BACKENDS: dict[str, Capabilities] = {
     ),
     "sparse": Capabilities(
         output_attentions="recomputed",
+        compile=(),
+        no_compile="it sizes its block layout from the data; its full_attention layers run as sdpa and do compile",
         note="block-sparse in plain PyTorch: skips masked blocks, O(n * (window + globals + random)); full layers run as sdpa",
     ),
     "flex_attention": Capabilities(
@@ -78,7 +85,11 @@ BACKENDS: dict[str, Capabilities] = {
         position_bias=False,
         output_attentions="recomputed",
         backward=("cuda",),
-        note="torch flex_attention with the pattern as a BlockMask; compiled on first use (~15 s on CPU)",
+        compile=("cuda",),
+        no_compile="torch inductor cannot lower flex attention inside a compiled model on CPU (flex compiles its own "
+        "kernel when the model runs uncompiled)",
+        note="torch flex_attention with the pattern as a BlockMask; compiled on first use (~15 s on CPU); "
+        "attention_dropout applies only in training, which flex refuses",
     ),
     "flash_attention_2": Capabilities(
         patterns=("full", "sliding"),
@@ -87,6 +98,8 @@ BACKENDS: dict[str, Capabilities] = {
         devices=("cuda",),
         backward=("cuda",),
         dtypes=("float16", "bfloat16"),
+        compile=(),
+        no_compile="transformers' flash path unpads padded batches with data-dependent sizes",
         needs="flash_attn",
         note="the flash-attn package (pip install 'swapformer[flash]')",
     ),
@@ -98,6 +111,7 @@ BACKENDS: dict[str, Capabilities] = {
         output_attentions="recomputed",
         devices=("cuda",),
         backward=("cuda",),
+        compile=("cuda",),
         dtypes=("float16", "bfloat16"),
         note="torch SDPA pinned to its FlashAttention kernel, for CUDA machines without flash-attn; no masks but causality",
     ),
@@ -176,11 +190,54 @@ def check_backend_for_config(name: str, config) -> None:
             "causal": causal,
             "bidirectional": not causal or encoder_decoder,
             "cross_attention": encoder_decoder,
-            "dropout": config.attention_dropout > 0,
         }
         for feature, needed in needs.items():
             if needed and not getattr(caps, feature):
                 _refuse(backend, feature, lambda c, f=feature: getattr(c, f))
+
+
+def check_backend_for_forward(
+    backend: str, kind: str, config, device: str, *, training: bool, needs_grad: bool, compiling: bool
+) -> None:
+    """Facts only the forward knows: training, gradients, the device of the batch, torch.compile.
+
+    Args:
+        kind: the pattern of the layers (`sparse` runs full layers as sdpa).
+        needs_grad: gradients are being recorded (training under torch.no_grad() is inference).
+        compiling: the forward runs inside torch.compile or torch.export.
+    """
+    caps = BACKENDS[backend]
+    if training and needs_grad and device not in caps.backward:
+        can = [n for n, c in BACKENDS.items() if device in c.backward and device in c.devices]
+        raise ValueError(
+            f"attn_implementation={backend!r} cannot train on {device.upper()} (it has no backward there); call "
+            f"model.eval() or run under torch.no_grad() for inference, or use {_names(can)} to train"
+        )
+    if training and config.attention_dropout > 0 and not caps.dropout:
+        can = [n for n, c in BACKENDS.items() if c.dropout and device in c.devices]
+        raise ValueError(
+            f"attn_implementation={backend!r} cannot apply attention_dropout={config.attention_dropout} in training; "
+            f"call model.eval() for inference (dropout is off there), set attention_dropout=0.0, or train with "
+            f"{_names(can)}"
+        )
+    if compiling and not compiles(backend, kind, device):
+        can = [n for n, c in BACKENDS.items() if device in c.compile and device in c.devices]
+        raise ValueError(
+            f"attn_implementation={backend!r} cannot run inside torch.compile(fullgraph=True) or torch.export on "
+            f"{device} ({kind!r} layers): {caps.no_compile}. Compile with {_names(can)} (the same function), or "
+            f"run {backend!r} uncompiled"
+        )
+
+
+def compiles(backend: str, kind: str, device: str) -> bool:
+    """Whether `backend` runs `kind` layers on `device` inside torch.compile(fullgraph=True) / export."""
+    # sparse runs full layers as sdpa (see modeling/sparse.py)
+    return device in BACKENDS["sdpa" if (backend, kind) == ("sparse", "full") else backend].compile
+
+
+def _names(backends: list[str]) -> str:
+    quoted = [repr(n) for n in backends]
+    return quoted[0] if len(quoted) == 1 else f"{', '.join(quoted[:-1])} or {quoted[-1]}"
 
 
 def _refuse(backend: str, feature: str, has) -> None:
@@ -207,5 +264,14 @@ def capability_table_markdown() -> str:
             else:
                 cells.append(str(value))
         rows.append(f"| `{name}` | " + " | ".join(cells) + " |")
-    notes = [f"- `{name}`: {caps.note}" for name, caps in BACKENDS.items() if caps.note]
+    notes = [
+        f"- `{name}`: "
+        + "; ".join(filter(None, (caps.note, caps.no_compile and f"not compiled: {caps.no_compile}")))
+        for name, caps in BACKENDS.items()
+        if caps.note or caps.no_compile
+    ]
+    notes.append(
+        "- compile: the devices where the model runs inside `torch.compile(fullgraph=True)` and `torch.export` "
+        "(tested on CPU; the CUDA entries are not run by this project's CPU-only tests)"
+    )
     return "\n".join([head, rule, *rows, "", *notes])

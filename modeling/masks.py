@@ -30,6 +30,7 @@ Lowered forms (B batch, H heads, T queries, S keys):
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -138,10 +139,19 @@ class AttentionPattern:
         return ok & structure
 
     def mask_mod(self):
-        """The predicate with flex attention's signature, on local query and key indices."""
+        """The predicate with flex attention's signature, on local query and key indices.
+
+        The offsets and lengths go in as 0-d tensors: as Python ints they change every decoding step, so
+        the compiled flex kernel was recompiled with them symbolic, which torch inductor's CPU flex
+        template miscompiles (C++ errors, issue 10); as tensors the kernel reads them from memory."""
+        fixed = {
+            name: torch.as_tensor(getattr(self, name), device=self.device)
+            for name in ("query_offset", "key_offset", "key_length", "total_length")
+        }
+        pattern = dataclasses.replace(self, **fixed)
 
         def mod(b, h, q_idx, kv_idx):
-            return self.allowed(b, q_idx + self.query_offset, self.key_index(kv_idx))
+            return pattern.allowed(b, q_idx + pattern.query_offset, pattern.key_index(kv_idx))
 
         return mod
 

@@ -22,8 +22,9 @@ from transformers.cache_utils import (
 )
 
 from ..configuration.backends import LAYER_TYPE_PATTERN
+from .attention import check_backend_for_batch, lower_mask
 from .layers import Block, alibi_bias, make_norm, relative_position_bucket, rope_cos_sin, sinusoidal_embedding
-from .masks import AttentionPattern, lower, random_block_table
+from .masks import AttentionPattern, random_block_table
 
 
 class GlobalWindowLayer(DynamicLayer):
@@ -390,7 +391,7 @@ class StackMixin:
         h = self.embed(input_ids, inputs_embeds, token_type_ids, position_ids)
         rope = None
         if config.position_embedding_type == "rope":
-            rope = rope_cos_sin(position_ids, config.head_dim, config.rope_theta, h.dtype)
+            rope = rope_cos_sin(position_ids, config, h.dtype)
         patterns = self.self_attention_patterns(
             batch=b,
             t=t,
@@ -404,17 +405,9 @@ class StackMixin:
             device=device,
         )
         backends = {lt: config.backend_for(lt) for lt in patterns}
-        if (
-            "flex_attention" in backends.values()
-            and device.type == "cpu"
-            and self.training
-            and torch.is_grad_enabled()
-        ):
-            raise ValueError(
-                "attn_implementation='flex_attention' cannot train on CPU (torch has no CPU backward for flex "
-                "attention); call model.eval() or run under torch.no_grad() for inference, or use 'sparse' to train"
-            )
-        masks = {lt: lower(p, backends[lt], h.dtype) for lt, p in patterns.items()}
+        for lt, pattern in patterns.items():
+            check_backend_for_batch(backends[lt], pattern.kind, self, device)
+        masks = {lt: lower_mask(p, backends[lt], h.dtype) for lt, p in patterns.items()}
         cross_pattern, cross_masks = None, {}
         if encoder_hidden_states is not None:
             s_enc = encoder_hidden_states.shape[1]
@@ -432,7 +425,7 @@ class StackMixin:
                 key_valid=enc_valid if enc_valid is not None and is_padded(enc_valid, s_enc) else None,
             )
             for lt in patterns:
-                cross_masks[lt] = lower(cross_pattern, config.backend_for(lt), h.dtype)
+                cross_masks[lt] = lower_mask(cross_pattern, config.backend_for(lt), h.dtype)
 
         all_hidden = [] if output_hidden_states else None
         self_attns = [] if output_attentions else None

@@ -4,7 +4,6 @@ compiler error (issue 10, items 14 and 15)."""
 
 from __future__ import annotations
 
-import copy
 import re
 
 import pytest
@@ -13,7 +12,7 @@ from transformers import AutoModel, AutoModelForCausalLM, LlamaConfig, LlamaForC
 
 import swapformer
 
-from conftest import build, padded_batch, tiny_config
+from conftest import build, cached_step_diffs, padded_batch, tiny_config
 
 # transformers 5.24, PreTrainedModel.get_correct_attn_implementation
 HF_PATTERN = r'Specified `attn_implementation="{}"` is not supported\. The only possible arguments are '
@@ -75,3 +74,87 @@ class TestUnknownBackendLikeTransformers:
             match="Specified `attn_implementation=\"flash_attention_3\"` is not supported: .*'sdpa_fa'",
         ):
             swapformer.DecoderConfig(attn_implementation="flash_attention_3")
+
+
+class TestFlexDropout:
+    """attention_dropout only acts in training, which flex cannot do: it is refused there, not at choice."""
+
+    def test_choice_and_inference_work(self):
+        config = tiny_config("encoder", attention_dropout=0.1)
+        flex = build(swapformer.EncoderModel, config, attn="flex_attention")
+        eager = build(swapformer.EncoderModel, config, attn="eager")
+        ids, mask = padded_batch()
+        with torch.no_grad():
+            diff = (
+                flex(ids, attention_mask=mask).last_hidden_state
+                - eager(ids, attention_mask=mask).last_hidden_state
+            )
+        assert float(diff.abs().max()) <= 1e-5
+
+    def test_training_forward_is_refused_with_the_way_out(self):
+        model = build(
+            swapformer.EncoderModel, tiny_config("encoder", attention_dropout=0.1), attn="flex_attention"
+        )
+        model.train()
+        with (
+            torch.no_grad(),
+            pytest.raises(
+                ValueError,
+                match=r"'flex_attention' cannot apply attention_dropout=0.1 in training; call model.eval\(\).*"
+                r"attention_dropout=0.0.*'sdpa'",
+            ),
+        ):
+            model(torch.tensor([[5, 6, 7]]))
+
+
+def sliding_decoder(attn):
+    config = tiny_config("decoder", layer_types=["sliding_attention", "full_attention"], sliding_window=3)
+    return build(swapformer.DecoderModel, config, attn=attn)
+
+
+@pytest.mark.slow
+class TestCompiledModelOnBackendsThatDoNotCompile:
+    """torch.compile(model) works (the layers the table rules out run uncompiled); fullgraph=True and
+    torch.export fail naming the backend that cannot compile and the ones that can."""
+
+    @pytest.mark.parametrize("attn", ["flex_attention", "sparse"])
+    def test_compile_without_fullgraph_matches_eager(self, attn):
+        torch._dynamo.reset()
+        model = sliding_decoder(attn)
+        ids, mask = padded_batch(padding="left")
+        with torch.no_grad():
+            want = model(ids, attention_mask=mask, use_cache=False).last_hidden_state
+            got = torch.compile(model)(ids, attention_mask=mask, use_cache=False).last_hidden_state
+        assert float((got - want).abs().max()) <= 1e-5
+
+    @pytest.mark.parametrize("attn", ["flex_attention", "sparse"])
+    def test_fullgraph_and_export_name_the_backend(self, attn):
+        torch._dynamo.reset()
+        model = sliding_decoder(attn)
+        ids, mask = padded_batch(padding="left")
+        message = rf"attn_implementation='{attn}' cannot run inside torch.compile\(fullgraph=True\) or torch.export on cpu"
+        with torch.no_grad(), pytest.raises(ValueError, match=message + r".*Compile with 'eager' or 'sdpa'"):
+            torch.export.export(model, (ids,), {"attention_mask": mask, "use_cache": False}, strict=False)
+        with torch.no_grad(), pytest.raises(Exception, match=message):
+            torch.compile(model, fullgraph=True)(ids, attention_mask=mask, use_cache=False)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("padding", ["none", "left"])
+@pytest.mark.parametrize("layer_type", ["bigbird_attention", "sliding_global_attention", "full_attention"])
+def test_flex_decoding_on_cpu(layer_type, padding, report):
+    """generate() on flex, CPU: every cached step equals the uncached forward (BigBird decoding died in
+    a C++ compile error of torch inductor's flex kernel, recompiled with the mask's offsets symbolic)."""
+    config = tiny_config(
+        "decoder",
+        layer_types=[layer_type, "full_attention"],
+        sliding_window=4,
+        global_tokens=1,
+        attention_block_size=4,
+        num_random_blocks=1,
+    )
+    model = build(swapformer.DecoderForCausalLM, config, attn="flex_attention")
+    ids, mask = padded_batch(batch=2, length=9, padding=padding)
+    diffs = cached_step_diffs(model, ids, mask, 4)
+    report("max step diff vs uncached", max(diffs))
+    assert max(diffs) <= 1e-5

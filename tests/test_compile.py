@@ -61,9 +61,12 @@ def test_torch_export(arch, attn, padded, report):
 @pytest.mark.parametrize("attn", ["eager", "sdpa"])
 @pytest.mark.parametrize("arch", ARCHS)
 def test_compile_fullgraph(arch, attn, padded, report):
+    check_compiled(model_for(arch, attn), base_inputs(arch, padded), report)
+
+
+def check_compiled(model, kwargs, report):
+    """torch.compile(fullgraph=True) gives eager's last hidden state."""
     torch._dynamo.reset()
-    model = model_for(arch, attn)
-    kwargs = base_inputs(arch, padded)
     compiled = torch.compile(model, fullgraph=True, backend="aot_eager")
     with torch.no_grad():
         want = model(**kwargs).last_hidden_state
@@ -144,3 +147,11 @@ def test_generate_static_cache_compiled_fullgraph(arch, attn, backend, report):
         diff = max(diff, max(max_diff(a, b) for a, b in zip(d.scores, s.scores)))
     report("static compiled vs dynamic eager scores", diff)
     assert diff <= TOL
+
+
+@pytest.mark.parametrize("rope_type", ["dynamic", "yarn"])
+def test_compile_fullgraph_with_rope_scaling(rope_type, report):
+    """transformers' RoPE init functions run inside the graph (dynamic NTK reads the positions)."""
+    rope = {"rope_type": rope_type, "factor": 4.0, "original_max_position_embeddings": 4}
+    model = model_for("decoder", "sdpa", max_position_embeddings=6, rope_parameters=rope)
+    check_compiled(model, base_inputs("decoder", padded=True), report)
