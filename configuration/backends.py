@@ -4,7 +4,8 @@ The table is read when a config is built with `attn_implementation=...` and when
 backend (`from_config`, `from_pretrained`, `set_attn_implementation`). An impossible combination
 fails there, naming the backend, the feature and what to use instead. No backend silently falls back
 to another and none silently drops a mask. Facts that only the batch can reveal (a padding mask
-handed to `sdpa_fa`, gradients through flex on CPU) fail in the forward with the same kind of message.
+handed to `sdpa_fa`, gradients through flex on CPU, attention dropout in a training forward on flex, a
+forward traced by torch.compile or torch.export) fail in the forward with the same kind of message.
 
 Torch-free on purpose: pure data plus checks over config values. Checks that need torch (the device
 of the weights, installed kernels) live in `modeling/attention.py`.

@@ -5,7 +5,7 @@
 
 fsdp: `fully_shard` on every block named by `_no_split_modules`, then on the root; a few SGD steps on a
 fixed global batch split over the processes; rank 0 writes the global loss of each step.
-tp: `from_pretrained(FOLDER, tp_plan="auto")` (the model's tensor-parallel plan); rank 0 writes the
+tp: `from_pretrained(FOLDER, distributed_config=DistributedConfig(tp_plan="auto"))` (the model's plan); rank 0 writes the
 logits' max difference from the unsharded model and how many weights were sharded.
 """
 
@@ -76,7 +76,12 @@ def train_fsdp(arch: str, out: str) -> None:
 
 def tensor_parallel(arch: str, folder: str, out: str) -> None:
     from torch.distributed.tensor import DTensor
-    from transformers import AutoModelForCausalLM, AutoModelForMaskedLM, AutoModelForSeq2SeqLM
+    from transformers import (
+        AutoModelForCausalLM,
+        AutoModelForMaskedLM,
+        AutoModelForSeq2SeqLM,
+        DistributedConfig,
+    )
 
     auto = {
         "encoder": AutoModelForMaskedLM,
@@ -86,7 +91,7 @@ def tensor_parallel(arch: str, folder: str, out: str) -> None:
     batch = global_batch(arch)
     batch.pop("labels")
     with torch.no_grad():
-        sharded = auto.from_pretrained(folder, tp_plan="auto").eval()
+        sharded = auto.from_pretrained(folder, distributed_config=DistributedConfig(tp_plan="auto")).eval()
         got = sharded(**batch).logits
         want = auto.from_pretrained(folder).eval()(**batch).logits
     if dist.get_rank() == 0:
