@@ -76,6 +76,7 @@ class TestUnknownBackendLikeTransformers:
             swapformer.DecoderConfig(attn_implementation="flash_attention_3")
 
 
+@pytest.mark.slow  # flex compiles its kernel on first use
 class TestFlexDropout:
     """attention_dropout only acts in training, which flex cannot do: it is refused there, not at choice."""
 

@@ -155,3 +155,26 @@ def test_compile_fullgraph_with_rope_scaling(rope_type, report):
     rope = {"rope_type": rope_type, "factor": 4.0, "original_max_position_embeddings": 4}
     model = model_for("decoder", "sdpa", max_position_embeddings=6, rope_parameters=rope)
     check_compiled(model, base_inputs("decoder", padded=True), report)
+
+
+CPU_BACKENDS = [n for n, c in swapformer.BACKENDS.items() if "cpu" in c.devices]
+
+
+@pytest.mark.parametrize("attn", CPU_BACKENDS)
+def test_every_backend_is_held_to_its_compile_row(attn):
+    """torch.export of a model with a windowed layer: exports (and matches eager) where the table's
+    `compile` column lists the CPU, else fails naming the backend."""
+    config = tiny_config("decoder", layer_types=["sliding_attention", "full_attention"], sliding_window=3)
+    model = build(swapformer.DecoderModel, config, attn=attn)
+    kwargs = base_inputs("decoder", padded=True)
+    with torch.no_grad():
+        if "cpu" not in swapformer.BACKENDS[attn].compile:
+            with pytest.raises(
+                ValueError, match=f"attn_implementation='{attn}' cannot run inside torch.compile"
+            ):
+                torch.export.export(model, (), copy.deepcopy(kwargs), strict=False)
+            return
+        program = torch.export.export(model, (), copy.deepcopy(kwargs), strict=False)
+        assert (
+            max_diff(program.module()(**kwargs).last_hidden_state, model(**kwargs).last_hidden_state) <= TOL
+        )
