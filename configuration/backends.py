@@ -4,7 +4,8 @@ The table is read when a config is built with `attn_implementation=...` and when
 backend (`from_config`, `from_pretrained`, `set_attn_implementation`). An impossible combination
 fails there, naming the backend, the feature and what to use instead. No backend silently falls back
 to another and none silently drops a mask. Facts that only the batch can reveal (a padding mask
-handed to `sdpa_fa`, gradients through flex on CPU) fail in the forward with the same kind of message.
+handed to `sdpa_fa`, gradients through flex on CPU, attention dropout in a training forward on flex, a
+forward traced by torch.compile or torch.export) fail in the forward with the same kind of message.
 
 Torch-free on purpose: pure data plus checks over config values. Checks that need torch (the device
 of the weights, installed kernels) live in `modeling/attention.py`.
@@ -38,6 +39,7 @@ FEATURES = (
     "output_attentions",
     "kv_cache",
     "backward",
+    "compile",
     "devices",
     "dtypes",
 )
@@ -59,6 +61,10 @@ class Capabilities:
     output_attentions: str = "native"
     kv_cache: bool = True
     backward: tuple[str, ...] = ("cpu", "cuda")  # devices where gradients flow
+    # devices where a model on this backend runs inside torch.compile(fullgraph=True) and torch.export,
+    # and why not elsewhere (checked in the forward that runs compiled: only it knows)
+    compile: tuple[str, ...] = ("cpu", "cuda")
+    no_compile: str = ""
     devices: tuple[str, ...] = ("cpu", "cuda")
     dtypes: tuple[str, ...] = ("float32", "float16", "bfloat16")
     needs: str = ""  # an optional package, checked when chosen
@@ -73,6 +79,8 @@ BACKENDS: dict[str, Capabilities] = {
     ),
     "sparse": Capabilities(
         output_attentions="recomputed",
+        compile=(),
+        no_compile="it sizes its block layout from the data; its full_attention layers run as sdpa and do compile",
         note="block-sparse in plain PyTorch: skips masked blocks, O(n * (window + globals + random)); full layers run as sdpa",
     ),
     "flex_attention": Capabilities(
@@ -80,7 +88,11 @@ BACKENDS: dict[str, Capabilities] = {
         position_bias=False,
         output_attentions="recomputed",
         backward=("cuda",),
-        note="torch flex_attention with the pattern as a BlockMask; compiled on first use (~15 s on CPU)",
+        compile=("cuda",),
+        no_compile="torch inductor cannot lower flex attention inside a compiled model on CPU (flex compiles its own "
+        "kernel when the model runs uncompiled)",
+        note="torch flex_attention with the pattern as a BlockMask; compiled on first use (~15 s on CPU); "
+        "attention_dropout applies only in training, which flex refuses",
     ),
     "flash_attention_2": Capabilities(
         patterns=("full", "sliding"),
@@ -89,6 +101,8 @@ BACKENDS: dict[str, Capabilities] = {
         devices=("cuda",),
         backward=("cuda",),
         dtypes=("float16", "bfloat16"),
+        compile=(),
+        no_compile="transformers' flash path unpads padded batches with data-dependent sizes",
         needs="flash_attn",
         note="the flash-attn package (pip install 'swapformer[flash]')",
     ),
@@ -101,6 +115,7 @@ BACKENDS: dict[str, Capabilities] = {
         output_attentions="recomputed",
         devices=("cuda",),
         backward=("cuda",),
+        compile=("cuda",),
         dtypes=("float16", "bfloat16"),
         note="torch SDPA pinned to its FlashAttention kernel, for CUDA machines without flash-attn; no masks but causality",
     ),
@@ -114,16 +129,27 @@ UNSUPPORTED = {
 }
 
 
-def check_backend_name(name) -> str:
-    """Return `name` if swapformer runs it, else raise a ValueError that says what to use."""
+def check_backend_name(name, where: str = "") -> str:
+    """Return `name` if swapformer runs it, else raise a ValueError that says what to use.
+
+    Worded as transformers' own models word it (`PreTrainedModel.get_correct_attn_implementation`,
+    same type, same opening), followed by swapformer's names; `where` ends it (which mapping entry)."""
     if name in BACKENDS or name == PER_LAYER_BACKEND:
         return name
+    opening = f"Specified `attn_implementation={_quoted(name)}` is not supported"
     if name in UNSUPPORTED:
-        raise ValueError(f"attn_implementation={name!r}: {UNSUPPORTED[name]}")
-    raise ValueError(
-        f"Unknown attn_implementation={name!r}; swapformer supports {', '.join(map(repr, BACKENDS))}, or a "
-        f"{{layer type: backend}} mapping"
+        raise ValueError(f"{opening}: {UNSUPPORTED[name]}{where}")
+    names = ", ".join(
+        f"`{_quoted(n)}`" if i else f"`attn_implementation={_quoted(n)}`" for i, n in enumerate(BACKENDS)
     )
+    raise ValueError(
+        f"{opening}. The only possible arguments are {names}, or a {{layer type: backend}} mapping such as "
+        f'{{"full_attention": "sdpa", "sliding_attention": "sparse"}}.{where}'
+    )
+
+
+def _quoted(name) -> str:
+    return f'"{name}"' if isinstance(name, str) else repr(name)
 
 
 def check_layer_backends(mapping: dict, layer_types: list[str] | None) -> dict:
@@ -134,7 +160,7 @@ def check_layer_backends(mapping: dict, layer_types: list[str] | None) -> dict:
                 f"attn_implementation mapping key {layer_type!r} is not a layer type; use "
                 f"{', '.join(map(repr, LAYER_TYPE_PATTERN))}"
             )
-        check_backend_name(backend)
+        check_backend_name(backend, f" It was given for {layer_type} layers.")
         if backend == PER_LAYER_BACKEND:
             raise ValueError("a per-layer mapping cannot name another mapping")
     if layer_types is not None:
@@ -168,7 +194,6 @@ def check_backend_for_config(name: str, config) -> None:
             "causal": causal,
             "bidirectional": not causal or encoder_decoder,
             "cross_attention": encoder_decoder,
-            "dropout": config.attention_dropout > 0,
         }
         for feature, needed in needs.items():
             if needed and not getattr(caps, feature):
@@ -180,6 +205,50 @@ def check_batch_feature(backend: str, feature: str, description: str) -> None:
     inputs reveal (packed sequences), checked in the forward with the same message as at choice time."""
     if not getattr(BACKENDS[backend], feature):
         _refuse(backend, description, lambda c: getattr(c, feature), needed_by="this batch")
+
+
+def check_backend_for_forward(
+    backend: str, kind: str, config, device: str, *, training: bool, needs_grad: bool, compiling: bool
+) -> None:
+    """Facts only the forward knows: training, gradients, the device of the batch, torch.compile.
+
+    Args:
+        kind: the pattern of the layers (`sparse` runs full layers as sdpa).
+        needs_grad: gradients are being recorded (training under torch.no_grad() is inference).
+        compiling: the forward runs inside torch.compile or torch.export.
+    """
+    caps = BACKENDS[backend]
+    if training and needs_grad and device not in caps.backward:
+        can = [n for n, c in BACKENDS.items() if device in c.backward and device in c.devices]
+        raise ValueError(
+            f"attn_implementation={backend!r} cannot train on {device.upper()} (it has no backward there); call "
+            f"model.eval() or run under torch.no_grad() for inference, or use {_names(can)} to train"
+        )
+    if training and config.attention_dropout > 0 and not caps.dropout:
+        can = [n for n, c in BACKENDS.items() if c.dropout and device in c.devices]
+        raise ValueError(
+            f"attn_implementation={backend!r} cannot apply attention_dropout={config.attention_dropout} in training; "
+            f"call model.eval() for inference (dropout is off there), set attention_dropout=0.0, or train with "
+            f"{_names(can)}"
+        )
+    if compiling and not compiles(backend, kind, device):
+        can = [n for n, c in BACKENDS.items() if device in c.compile and device in c.devices]
+        raise ValueError(
+            f"attn_implementation={backend!r} cannot run inside torch.compile(fullgraph=True) or torch.export on "
+            f"{device} ({kind!r} layers): {caps.no_compile}. Compile with {_names(can)} (the same function), or "
+            f"run {backend!r} uncompiled"
+        )
+
+
+def compiles(backend: str, kind: str, device: str) -> bool:
+    """Whether `backend` runs `kind` layers on `device` inside torch.compile(fullgraph=True) / export."""
+    # sparse runs full layers as sdpa (see modeling/sparse.py)
+    return device in BACKENDS["sdpa" if (backend, kind) == ("sparse", "full") else backend].compile
+
+
+def _names(backends: list[str]) -> str:
+    quoted = [repr(n) for n in backends]
+    return quoted[0] if len(quoted) == 1 else f"{', '.join(quoted[:-1])} or {quoted[-1]}"
 
 
 def _refuse(backend: str, feature: str, has, needed_by: str = "this model") -> None:
@@ -206,5 +275,14 @@ def capability_table_markdown() -> str:
             else:
                 cells.append(str(value))
         rows.append(f"| `{name}` | " + " | ".join(cells) + " |")
-    notes = [f"- `{name}`: {caps.note}" for name, caps in BACKENDS.items() if caps.note]
+    notes = [
+        f"- `{name}`: "
+        + "; ".join(filter(None, (caps.note, caps.no_compile and f"not compiled: {caps.no_compile}")))
+        for name, caps in BACKENDS.items()
+        if caps.note or caps.no_compile
+    ]
+    notes.append(
+        "- compile: the devices where the model runs inside `torch.compile(fullgraph=True)` and `torch.export` "
+        "(tested on CPU; the CUDA entries are not run by this project's CPU-only tests)"
+    )
     return "\n".join([head, rule, *rows, "", *notes])

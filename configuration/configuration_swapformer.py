@@ -36,7 +36,30 @@ ACTIVATIONS = (
     "tanh",
 )
 INITIALIZERS = ("normal", "xavier")
+# RoPE variants of transformers' `rope_parameters` that swapformer computes (with transformers' own
+# ROPE_INIT_FUNCTIONS), and the keys each needs besides `rope_type` and `rope_theta`.
+ROPE_TYPES = {
+    "default": (),
+    "linear": ("factor",),
+    "dynamic": ("factor",),
+    "yarn": ("factor", "original_max_position_embeddings"),
+    "llama3": ("factor", "original_max_position_embeddings", "low_freq_factor", "high_freq_factor"),
+}
 LAYER_TYPES = tuple(LAYER_TYPE_PATTERN)
+# Tensor-parallel plan of one stack of blocks, over swapformer's module names (Llama's styles): heads are
+# split over ranks (q/k/v by columns, o by rows), and so is the MLP's inner width.
+LAYER_TP_PLAN = {
+    "layers.*.self_attn.q_proj": "colwise",
+    "layers.*.self_attn.k_proj": "colwise",
+    "layers.*.self_attn.v_proj": "colwise",
+    "layers.*.self_attn.o_proj": "rowwise",
+    "layers.*.mlp.gate_proj": "colwise",
+    "layers.*.mlp.up_proj": "colwise",
+    "layers.*.mlp.down_proj": "rowwise",
+}
+CROSS_TP_PLAN = {
+    k.replace("self_attn", "cross_attn"): v for k, v in LAYER_TP_PLAN.items() if "self_attn" in k
+}
 
 
 def _check_int(name: str, value, minimum: int) -> None:
@@ -102,7 +125,14 @@ class SwapformerConfig(PreTrainedConfig):
         position_embedding_type: `"learned"` absolute, `"sinusoidal"` absolute, `"rope"`
             (https://arxiv.org/abs/2104.09864), `"alibi"` (https://arxiv.org/abs/2108.12409),
             `"relative_bias"` (T5's bucketed bias, https://arxiv.org/abs/1910.10683) or `"none"`.
-        rope_theta: RoPE base.
+        rope_parameters: RoPE settings in transformers' form, e.g. `{"rope_type": "llama3", "rope_theta":
+            500000.0, "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 8192}`. `rope_type` is "default", "linear", "dynamic"
+            (NTK, https://arxiv.org/abs/2309.00071 section 3), "yarn" (https://arxiv.org/abs/2309.00071) or
+            "llama3"; the keys are those of transformers' `RopeParameters`. `None` means default RoPE with
+            `rope_theta`.
+        rope_theta: RoPE base (10000.0 by default), kept as an argument and attribute for configs saved
+            before `rope_parameters`; it lives in `rope_parameters["rope_theta"]`.
         relative_attention_num_buckets, relative_attention_max_distance: T5 bias buckets.
         norm_type: `"layernorm"` or `"rmsnorm"`.
         norm_eps: epsilon of every norm.
@@ -141,6 +171,14 @@ class SwapformerConfig(PreTrainedConfig):
     """
 
     model_type = "swapformer"
+    # read by transformers (tp_plan="auto", pipeline stages) for the base models: the encoder's and the
+    # decoder's (embed_tokens, layers, norm), as Llama's
+    base_model_tp_plan = LAYER_TP_PLAN
+    base_model_pp_plan = {
+        "embed_tokens": (["input_ids"], ["inputs_embeds"]),
+        "layers": (["hidden_states", "attention_mask"], ["hidden_states"]),
+        "norm": (["hidden_states"], ["hidden_states"]),
+    }
 
     vocab_size: int = 32000
     hidden_size: int = 768
@@ -153,7 +191,7 @@ class SwapformerConfig(PreTrainedConfig):
     mlp_type: str = "mlp"
     max_position_embeddings: int = 512
     position_embedding_type: str = "learned"
-    rope_theta: float = 10000.0
+    rope_parameters: dict | None = None
     relative_attention_num_buckets: int = 32
     relative_attention_max_distance: int = 128
     norm_type: str = "layernorm"
@@ -190,6 +228,13 @@ class SwapformerConfig(PreTrainedConfig):
     def __post_init__(self, **kwargs):
         backend = kwargs.get("attn_implementation")
         self._attn_layer_backends = None
+        for name in ("rope_parameters", "rope_scaling"):
+            value = kwargs.get(name, self.rope_parameters if name == "rope_parameters" else None)
+            if value is not None and not isinstance(value, dict):
+                raise TypeError(
+                    f"{name} must be a dict such as {{'rope_type': 'linear', 'factor': 2.0}}, got {value!r}"
+                )
+        # transformers moves `rope_theta` and the older `rope_scaling` into `rope_parameters` here
         super().__post_init__(**kwargs)
         # The sizes that derived defaults are computed from are checked first.
         _check_int("hidden_size", self.hidden_size, 1)
@@ -263,9 +308,7 @@ class SwapformerConfig(PreTrainedConfig):
             ("random_seed", 0),
         ):
             _check_int(name, getattr(self, name), minimum)
-        _check_number(
-            "rope_theta", self.rope_theta, minimum=0.0, above=True, fix="the usual RoPE base is 10000.0"
-        )
+        self._check_rope_parameters()
         _check_number(
             "norm_eps",
             self.norm_eps,
@@ -307,6 +350,73 @@ class SwapformerConfig(PreTrainedConfig):
 
     def _token_id_fields(self) -> tuple[str, ...]:
         return ("pad_token_id", "bos_token_id", "eos_token_id")
+
+    def _check_rope_parameters(self) -> None:
+        params = self.rope_parameters
+        rope_type = params.get("rope_type", "default")
+        if rope_type not in ROPE_TYPES:
+            raise ValueError(
+                f"Unknown rope_parameters['rope_type']={rope_type!r}; swapformer computes "
+                f"{', '.join(map(repr, ROPE_TYPES))}"
+            )
+        _check_number(
+            "rope_theta",
+            params.get("rope_theta"),
+            minimum=0.0,
+            above=True,
+            fix="the usual RoPE base is 10000.0",
+        )
+        if rope_type != "default" and self.position_embedding_type != "rope":
+            raise ValueError(
+                f"rope_parameters has rope_type={rope_type!r} but position_embedding_type="
+                f"{self.position_embedding_type!r}; set position_embedding_type='rope' or drop the scaling"
+            )
+        missing = [key for key in ROPE_TYPES[rope_type] if params.get(key) is None]
+        if missing:
+            raise ValueError(
+                f"rope_parameters for rope_type={rope_type!r} needs {', '.join(map(repr, missing))}, got {params}"
+            )
+        if params.get("partial_rotary_factor", 1.0) != 1.0:
+            raise ValueError(
+                f"rope_parameters['partial_rotary_factor']={params['partial_rotary_factor']}: swapformer rotates the "
+                "whole head; drop it (or use 1.0)"
+            )
+        for key in (
+            "factor",
+            "low_freq_factor",
+            "high_freq_factor",
+            "attention_factor",
+            "beta_fast",
+            "beta_slow",
+        ):
+            if params.get(key) is not None:
+                _check_number(
+                    f"rope_parameters[{key!r}]",
+                    params[key],
+                    minimum=0.0,
+                    above=True,
+                    fix="see transformers' rope_parameters documentation for its usual value",
+                )
+        if params.get("original_max_position_embeddings") is not None:
+            _check_int(
+                "rope_parameters['original_max_position_embeddings']",
+                params["original_max_position_embeddings"],
+                1,
+            )
+        if rope_type == "llama3" and params["high_freq_factor"] <= params["low_freq_factor"]:
+            raise ValueError(
+                f"rope_parameters high_freq_factor={params['high_freq_factor']} must exceed low_freq_factor="
+                f"{params['low_freq_factor']} (Llama 3.1: 4.0 and 1.0)"
+            )
+
+    @property
+    def rope_theta(self) -> float:
+        """The RoPE base, read from `rope_parameters` (the attribute of configs before transformers 5)."""
+        return (self.rope_parameters or {}).get("rope_theta", self.default_theta)
+
+    @rope_theta.setter
+    def rope_theta(self, value) -> None:
+        self.rope_parameters = {**(self.rope_parameters or {}), "rope_theta": value}
 
     def _all_layer_types(self) -> list[str]:
         return list(self.layer_types)
@@ -432,6 +542,13 @@ class Seq2SeqConfig(SwapformerConfig):
     """
 
     model_type = "swapformer_seq2seq"
+    # Seq2SeqModel holds two stacks; no pipeline plan (transformers' stages run one stack of layers)
+    base_model_tp_plan = {
+        "shared": "embedding_rowwise",  # the vocabulary split over ranks, as the lm_head tied to it
+        **{f"encoder.{k}": v for k, v in LAYER_TP_PLAN.items()},
+        **{f"decoder.{k}": v for k, v in {**LAYER_TP_PLAN, **CROSS_TP_PLAN}.items()},
+    }
+    base_model_pp_plan = None
 
     decoder_layers: int | None = None
     decoder_layer_types: list[str] | None = None

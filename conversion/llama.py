@@ -4,7 +4,7 @@ HF-standard. Mistral (mistral.py) is the same with a sliding window."""
 
 from __future__ import annotations
 
-from ..configuration.configuration_swapformer import DecoderConfig
+from ..configuration.configuration_swapformer import ROPE_TYPES, DecoderConfig
 from .bert import label_fields
 from .rules import Architecture, Rule, prefixed
 
@@ -40,10 +40,12 @@ DROP = [r"(model\.)?rotary_emb\.(inv_freq|original_inv_freq)"]
 
 def decoder_config(hf, **fields) -> DecoderConfig:
     """The swapformer config of a Llama-like HF config (`fields` add to or override it)."""
-    rope = hf.rope_parameters or {}
-    if rope.get("rope_type", "default") != "default":
+    rope = dict(hf.rope_parameters or {})
+    rope.setdefault("rope_theta", 10000.0)
+    if rope.get("rope_type", "default") not in ROPE_TYPES:
         raise ValueError(
-            f"{hf.model_type} rope_type={rope['rope_type']!r} is not supported yet; only the default RoPE is"
+            f"{hf.model_type} rope_type={rope['rope_type']!r} cannot be converted; swapformer computes "
+            f"{', '.join(map(repr, ROPE_TYPES))}"
         )
     values = dict(
         vocab_size=hf.vocab_size,
@@ -57,7 +59,7 @@ def decoder_config(hf, **fields) -> DecoderConfig:
         mlp_type="gated",
         max_position_embeddings=hf.max_position_embeddings,
         position_embedding_type="rope",
-        rope_theta=float(rope.get("rope_theta", 10000.0)),
+        rope_parameters=rope,
         norm_type="rmsnorm",
         norm_eps=hf.rms_norm_eps,
         pre_norm=True,
@@ -88,7 +90,7 @@ def hf_decoder_fields(cfg: DecoderConfig) -> dict:
         intermediate_size=cfg.intermediate_size,
         hidden_act=cfg.hidden_act,
         max_position_embeddings=cfg.max_position_embeddings,
-        rope_parameters={"rope_type": "default", "rope_theta": cfg.rope_theta},
+        rope_parameters=dict(cfg.rope_parameters),
         rms_norm_eps=cfg.norm_eps,
         attention_dropout=cfg.attention_dropout,
         initializer_range=cfg.initializer_range,

@@ -28,8 +28,14 @@ from transformers import AttentionInterface
 from transformers.masking_utils import AttentionMaskInterface
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
-from ..configuration.backends import BACKENDS, PER_LAYER_BACKEND, check_backend_for_config
-from .masks import AttentionPattern
+from ..configuration.backends import (
+    BACKENDS,
+    PER_LAYER_BACKEND,
+    check_backend_for_config,
+    check_backend_for_forward,
+    compiles,
+)
+from .masks import AttentionPattern, lower
 from .sparse import _sdpa, sparse_attention_forward
 
 
@@ -164,3 +170,44 @@ def check_backend_for_model(name: str, model: nn.Module, is_init_check: bool = F
                     f"attn_implementation={backend!r} does not run on device {device!r} (it runs on "
                     f"{', '.join(caps.devices)}); move the model first or use 'sdpa' or 'sparse'"
                 )
+
+
+def check_backend_for_batch(backend: str, kind: str, module: nn.Module, device: torch.device) -> None:
+    """The checks of `check_backend_for_forward` for one layer kind of `module`'s forward on `device`.
+    Under torch.compile the compile check is traced as a constant; outside it costs a few comparisons."""
+    check_backend_for_forward(
+        backend,
+        kind,
+        module.config,
+        device.type,
+        training=module.training,
+        needs_grad=torch.is_grad_enabled(),
+        compiling=torch.compiler.is_compiling(),
+    )
+
+
+@torch.compiler.disable
+def run_uncompiled(fn, *args, **kwargs):
+    """`fn(*args, **kwargs)` outside torch.compile: dynamo skips this frame and every frame it calls."""
+    return fn(*args, **kwargs)
+
+
+def call_attention(fn, backend: str, kind: str, module: nn.Module, *args, **kwargs):
+    """Run attention function `fn` of `backend`. Inside torch.compile, a backend the capability table
+    says cannot compile on this device fails with a message naming it (fullgraph=True, export); when
+    compile falls back to eager for that (fullgraph=False), the call runs uncompiled, e.g. flex on CPU
+    with its own standalone-compiled kernel, as an uncompiled model runs it."""
+    device = args[0].device  # the query
+    if torch.compiler.is_compiling():
+        check_backend_for_batch(backend, kind, module, device)
+    if compiles(backend, kind, device.type):
+        return fn(module, *args, **kwargs)
+    return run_uncompiled(fn, module, *args, **kwargs)
+
+
+def lower_mask(pattern: AttentionPattern, backend: str, dtype):
+    """`masks.lower`, run outside torch.compile where `backend` does not compile on the pattern's device
+    (torch inductor miscompiles flex's BlockMask construction on CPU; sparse sizes its layout from data)."""
+    if compiles(backend, pattern.kind, pattern.device.type):
+        return lower(pattern, backend, dtype)
+    return run_uncompiled(lower, pattern, backend, dtype)

@@ -19,9 +19,10 @@ from torch import nn
 from transformers.activations import ACT2FN
 from transformers.cache_utils import Cache, EncoderDecoderCache
 from transformers.modeling_layers import GradientCheckpointingLayer
+from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
-from .attention import attention_weights, eager_attention_forward
+from .attention import attention_weights, call_attention, eager_attention_forward
 from .masks import AttentionPattern, KernelMask
 
 # Norms ---------------------------------------------------------------------------------------------
@@ -77,14 +78,31 @@ class MLP(nn.Module):
 # Positions -----------------------------------------------------------------------------------------
 
 
-def rope_cos_sin(positions: torch.Tensor, head_dim: int, theta: float, dtype: torch.dtype):
+def rope_frequencies(config, positions: torch.Tensor) -> tuple[torch.Tensor, float | torch.Tensor]:
+    """(D/2,) inverse frequencies of `config.rope_parameters`, and the factor cos and sin are scaled by.
+
+    The scaled kinds come from transformers' own `ROPE_INIT_FUNCTIONS`, so they are Llama's, bit for bit.
+    "dynamic" (NTK) takes the longest position of this forward (integer positions (B, T)), as Llama's
+    rotary embedding does while a sequence grows; it keeps no state between calls, so a batch shorter
+    than an earlier one gets its own frequencies back (Llama keeps the longer ones until the length falls
+    under `max_position_embeddings`). Computed per forward: no buffer to lose when loading.
+    """
+    params = config.rope_parameters
+    rope_type = params.get("rope_type", "default")
+    if rope_type == "default":
+        d = config.head_dim
+        exponents = torch.arange(0, d, 2, device=positions.device, dtype=torch.float) / d
+        return 1.0 / (params["rope_theta"] ** exponents), 1.0
+    seq_len = positions.max() + 1 if rope_type == "dynamic" else None
+    return ROPE_INIT_FUNCTIONS[rope_type](config, positions.device, seq_len=seq_len)
+
+
+def rope_cos_sin(positions: torch.Tensor, config, dtype: torch.dtype):
     """cos, sin of shape (B, T, D) for integer positions (B, T); the halves layout of Llama."""
-    inv_freq = 1.0 / (
-        theta ** (torch.arange(0, head_dim, 2, device=positions.device, dtype=torch.float) / head_dim)
-    )
-    angles = positions[..., None].float() * inv_freq  # (B, T, D/2)
+    inv_freq, scale = rope_frequencies(config, positions)
+    angles = positions[..., None].float() * inv_freq.float()  # (B, T, D/2)
     angles = torch.cat((angles, angles), dim=-1)
-    return angles.cos().to(dtype), angles.sin().to(dtype)
+    return (angles.cos() * scale).to(dtype), (angles.sin() * scale).to(dtype)
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -197,8 +215,9 @@ class Attention(nn.Module):
 
     def _project_kv(self, x: torch.Tensor):
         b, s, _ = x.shape
-        k = self.k_proj(x).view(b, s, self.num_key_value_heads, self.head_dim).transpose(1, 2)  # (B, K, S, D)
-        v = self.v_proj(x).view(b, s, self.num_key_value_heads, self.head_dim).transpose(1, 2)
+        # -1 heads: under tensor parallelism (config.base_model_tp_plan) each rank holds a share of them
+        k = self.k_proj(x).view(b, s, -1, self.head_dim).transpose(1, 2)  # (B, K, S, D)
+        v = self.v_proj(x).view(b, s, -1, self.head_dim).transpose(1, 2)
         return k, v
 
     def forward(
@@ -221,9 +240,7 @@ class Attention(nn.Module):
             key_value_states: (B, S, E) encoder output, for cross-attention.
         """
         b, t, _ = hidden_states.shape
-        q = (
-            self.q_proj(hidden_states).view(b, t, self.num_heads, self.head_dim).transpose(1, 2)
-        )  # (B, H, T, D)
+        q = self.q_proj(hidden_states).view(b, t, -1, self.head_dim).transpose(1, 2)  # (B, H, T, D)
 
         layer_cache = cache
         if isinstance(cache, EncoderDecoderCache):
@@ -252,7 +269,10 @@ class Attention(nn.Module):
         kernel_kwargs = {}
         if isinstance(attention_mask, KernelMask):  # e.g. flash's varlen boundaries of packed rows
             attention_mask, kernel_kwargs = attention_mask.mask, attention_mask.kwargs
-        out, weights = attention_fn(
+        out, weights = call_attention(
+            attention_fn,
+            self.config.backend_for(self.layer_type),
+            pattern.kind if pattern is not None else "full",
             self,
             q,
             k,

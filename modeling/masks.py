@@ -35,6 +35,7 @@ Lowered forms (B batch, H heads, T queries, S keys):
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -193,10 +194,19 @@ class AttentionPattern:
         return self.random_table[layout, qb, kb]
 
     def mask_mod(self):
-        """The predicate with flex attention's signature, on local query and key indices."""
+        """The predicate with flex attention's signature, on local query and key indices.
+
+        The offsets and lengths go in as 0-d tensors: as Python ints they change every decoding step, so
+        the compiled flex kernel was recompiled with them symbolic, which torch inductor's CPU flex
+        template miscompiles (C++ errors, issue 10); as tensors the kernel reads them from memory."""
+        fixed = {
+            name: torch.as_tensor(getattr(self, name), device=self.device)
+            for name in ("query_offset", "key_offset", "key_length", "total_length")
+        }
+        pattern = dataclasses.replace(self, **fixed)
 
         def mod(b, h, q_idx, kv_idx):
-            return self.allowed(b, q_idx + self.query_offset, self.key_index(kv_idx))
+            return pattern.allowed(b, q_idx + pattern.query_offset, pattern.key_index(kv_idx))
 
         return mod
 
@@ -231,10 +241,13 @@ class AttentionPattern:
         return torch.where(allowed, bias.to(dtype), neg_inf)
 
     def is_trivial(self) -> bool:
-        """True when nothing is masked beyond what `is_causal` (or no mask) expresses, and no bias."""
+        """True when nothing is masked beyond what `is_causal` (or no mask) expresses, and no bias.
+        False when the answer would depend on data: a static cache's token count held in a tensor."""
         if self.kind != "full" or self.bias_fn is not None or self.key_valid is not None:
             return False
         if self.query_packing is not None:
+            return False
+        if torch.is_tensor(self.query_offset) or torch.is_tensor(self.total_length):
             return False
         if self.key_offset != 0 or self.key_prefix or self.key_length != self.total_length:
             return False

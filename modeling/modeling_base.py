@@ -16,6 +16,7 @@ from ..configuration.configuration_swapformer import SwapformerConfig
 from .attention import check_backend_for_model
 from .layers import RMSNorm
 from .remote_code import write_remote_code
+from .stack import static_key_slots
 
 
 class SwapformerPreTrainedModel(PreTrainedModel):
@@ -27,7 +28,7 @@ class SwapformerPreTrainedModel(PreTrainedModel):
     _supports_flash_attn = False
     _supports_flex_attn = False
     _supports_attention_backend = True
-    _can_compile_fullgraph = False
+    _can_compile_fullgraph = True
     # Maps an Auto class name to the model class; filled per architecture, read for `auto_map`.
     auto_classes: dict[str, type] = {}
 
@@ -61,10 +62,18 @@ class SwapformerPreTrainedModel(PreTrainedModel):
             raise
         config._attn_implementation_internal = PER_LAYER_BACKEND
 
-    def create_masks_for_generate(self, config=None, inputs_embeds=None, attention_mask=None, **kwargs):
-        """generate() calls this for compileable (static) caches to pre-build transformers' 4-D masks;
-        swapformer builds its own masks from the 2-D padding mask, so it passes that through."""
-        return attention_mask
+    def create_masks_for_generate(
+        self, config=None, inputs_embeds=None, attention_mask=None, cache=None, **kwargs
+    ):
+        """generate() calls this for compileable (static) caches to pre-build transformers' 4-D masks.
+        swapformer builds its own masks from the 2-D padding mask: it is padded with zeros to every slot
+        of the static cache, so each decoding step has the same shapes (one compiled graph, as
+        transformers' 4-D masks give). Caches with sliding layers move their window every step anyway
+        and get the mask as it is."""
+        slots = static_key_slots(cache)
+        if attention_mask is None or slots is None or attention_mask.shape[-1] >= slots:
+            return attention_mask
+        return nn.functional.pad(attention_mask, (0, slots - attention_mask.shape[-1]))
 
     # Initialisation -----------------------------------------------------------------------------
 

@@ -101,6 +101,8 @@ class DecoderModel(StackMixin, DecoderPreTrainedModel):
 
 class DecoderForCausalLM(DecoderPreTrainedModel, SwapformerGenerationMixin):
     _tied_weights_keys = {"lm_head.weight": "model.embed_tokens.weight"}
+    _tp_plan = {"lm_head": "colwise_gather_output"}  # with config.base_model_tp_plan, as Llama's
+    _pp_plan = {"lm_head": (["hidden_states"], ["logits"])}
     accepts_loss_kwargs = True
 
     def __init__(self, config: DecoderConfig):

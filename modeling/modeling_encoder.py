@@ -123,6 +123,7 @@ class MaskedLMHead(nn.Module):
 
 class EncoderForMaskedLM(EncoderPreTrainedModel):
     _tied_weights_keys = {"lm_head.decoder.weight": "model.embed_tokens.weight"}
+    _tp_plan = {"lm_head.decoder": "colwise_gather_output"}  # with config.base_model_tp_plan
     accepts_loss_kwargs = True
 
     def __init__(self, config: EncoderConfig):

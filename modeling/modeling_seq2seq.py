@@ -281,6 +281,7 @@ class Seq2SeqModel(Seq2SeqPreTrainedModel):
 
 class Seq2SeqForConditionalGeneration(Seq2SeqPreTrainedModel, SwapformerGenerationMixin):
     accepts_loss_kwargs = True
+    _tp_plan = {"lm_head": "colwise_gather_output"}  # with config.base_model_tp_plan
 
     def __init__(self, config: Seq2SeqConfig):
         super().__init__(config)

@@ -217,9 +217,10 @@ def find_packed_sequences(
     tracing = torch.compiler.is_compiling()
     if not tracing and not bool(reference.any()):
         return None
-    if past and tracing:
+    cached = not isinstance(past, int) or past > 0  # a 0-d tensor: a static cache counting under compile
+    if cached and tracing:
         return None
-    if past:
+    if cached:
         raise ValueError(
             f"{prefix}{names[0]} put several sequences into one row (packed rows), but the cache already holds "
             f"{past} tokens and packed rows cannot extend a cache; pass packed rows without a cache (or with an "
@@ -230,7 +231,7 @@ def find_packed_sequences(
 
 def check_cache_not_packed(cache, past: int, prefix: str = "") -> None:
     """A cache filled from packed rows cannot be extended (no new token knows its sequence)."""
-    if past and getattr(cache, PACKED_CACHE_FLAG, False):
+    if getattr(cache, PACKED_CACHE_FLAG, False) and (not isinstance(past, int) or past > 0):
         raise ValueError(
             f"This cache was filled from packed rows (several sequences per row, marked by {prefix}position_ids "
             "or cu_seq_lens); it cannot be extended. For cached decoding and generate(), give one sequence per "

@@ -22,8 +22,9 @@ from transformers.cache_utils import (
 )
 
 from ..configuration.backends import LAYER_TYPE_PATTERN, check_batch_feature
+from .attention import check_backend_for_batch, lower_mask
 from .layers import Block, alibi_bias, make_norm, relative_position_bucket, rope_cos_sin, sinusoidal_embedding
-from .masks import AttentionPattern, lower, packed_random_tables, random_block_table
+from .masks import AttentionPattern, packed_random_tables, random_block_table
 from .packing import (
     PackedSequences,
     check_cache_not_packed,
@@ -130,11 +131,42 @@ def positions_from_mask(key_valid: torch.Tensor | None, batch: int, total: int, 
 
 def select_keys(x: torch.Tensor | None, index: torch.Tensor, fill) -> torch.Tensor | None:
     """(B, P + T) per-token values -> their values at the keys a cache layer hands to attention,
-    whose absolute indices are `index` (S,); `fill` past the end (empty rows of a static cache)."""
+    whose absolute indices are `index` (S,); `fill` past the end (empty rows of a static cache).
+    Always masked (no data-dependent shortcut), so compiled and exported graphs take the same path."""
     if x is None:
         return None
     picked = x[:, index.clamp(max=x.shape[1] - 1)]
-    return picked.masked_fill(index >= x.shape[1], fill) if bool(index[-1] >= x.shape[1]) else picked
+    return picked.masked_fill(index >= x.shape[1], fill)
+
+
+def new_columns(x: torch.Tensor, past, t: int) -> torch.Tensor:
+    """Columns past .. past + t - 1 of (B, S) `x`. `past` is a 0-d tensor when a static cache counts
+    its tokens under torch.compile; an index keeps that graph free of data-dependent slicing."""
+    if isinstance(past, int):
+        return x[:, past : past + t]
+    return x.index_select(1, past + torch.arange(t, device=x.device))
+
+
+def static_key_slots(cache: Cache | None) -> int | None:
+    """Key slots of a static (compileable) cache whose layers all keep every token: masks may then span
+    all its slots (`create_masks_for_generate` pads them so), and a compiled decoding step keeps one shape.
+    None for any other cache."""
+    if cache is None or not cache.is_compileable:
+        return None
+    layers = getattr(cache, "self_attention_cache", cache).layers
+    if any(getattr(layer, "is_sliding", False) for layer in layers):
+        return None
+    return max(layer.max_cache_len for layer in layers)
+
+
+def is_padded(valid: torch.Tensor, total, key_index: torch.Tensor | None = None) -> bool:
+    """Whether the keys `valid` (B, S) at absolute indices `key_index` (default 0..S-1) hold padding
+    below `total`.
+    While compiling (or with a tensor count) the answer would be data-dependent: always True there,
+    i.e. the mask is applied even when it masks nothing, as transformers' mask builders do."""
+    if torch.compiler.is_compiling() or not isinstance(total, int):
+        return True
+    return not bool((valid if key_index is None else valid[:, key_index < total]).all())
 
 
 def cache_layer(cache: Cache, idx: int):
@@ -196,7 +228,7 @@ class StackMixin:
         h = self.embed_tokens(input_ids) * self.embed_scale if inputs_embeds is None else inputs_embeds
         if token_type_ids is not None:
             if self.token_type_embeddings is None:
-                if bool(token_type_ids.any()):
+                if not torch.compiler.is_compiling() and bool(token_type_ids.any()):
                     raise ValueError(
                         "token_type_ids has non-zero entries but this model has no token type embeddings "
                         "(type_vocab_size=0); drop token_type_ids or build the model with type_vocab_size > 0"
@@ -226,11 +258,13 @@ class StackMixin:
         return self.relative_attention_bias(buckets)
 
     def self_attention_patterns(
-        self, *, batch, t, past, cache, key_valid, key_pos, query_pos, global_mask, packing, device
+        self, *, batch, t, past, span, cache, key_valid, key_pos, query_pos, global_mask, packing, device
     ):
         """One `AttentionPattern` per layer type of this stack, sized by the cache layer it reads.
-        With packed rows (`packing`, no cache content), `key_pos` restarts per sequence, so global
-        tokens are the first `global_tokens` of each sequence."""
+        `span` (int) counts the absolute key indices the per-token inputs cover: past + t, or every slot
+        of a static cache (where `past` may be a 0-d tensor under compile). With packed rows (`packing`,
+        no cache content), `key_pos` restarts per sequence, so global tokens are the first
+        `global_tokens` of each sequence."""
         cfg = self.config
         total = past + t
         has_bias = cfg.position_embedding_type in ("alibi", "relative_bias")
@@ -248,11 +282,7 @@ class StackMixin:
             if cache is not None:
                 layer_idx = self.layer_types.index(layer_type)
                 if kind == "sliding_global":
-                    keep = leading_tokens_to_keep(is_global, key_valid, cfg.global_tokens)
-                    for i, other in enumerate(self.layer_types):
-                        layer = cache_layer(cache, i)
-                        if other == layer_type and isinstance(layer, GlobalWindowLayer):
-                            layer.plan(cfg.sliding_window, keep, i)
+                    self.plan_global_window_layers(cache, layer_type, is_global, key_valid)
                 kv_length, kv_offset = cache.get_mask_sizes(t, layer_idx)
                 key_prefix = getattr(cache_layer(cache, layer_idx), "key_prefix", 0)
             pattern = AttentionPattern(
@@ -273,12 +303,12 @@ class StackMixin:
             )
             key_index = pattern.key_indices()  # absolute index of each key the cache hands over
             valid = select_keys(key_valid, key_index, False)
-            if valid is not None and not bool(valid[:, key_index < total].all()):
+            if valid is not None and is_padded(valid, total, key_index):
                 pattern.key_valid = valid
             pattern.key_pos = select_keys(key_pos, key_index, 0)
             if is_global is not None:
                 pattern.global_keys = select_keys(is_global, key_index, False)
-                pattern.global_queries = is_global[:, past:]
+                pattern.global_queries = new_columns(is_global, past, t)
             if packing is not None:
                 pattern.query_packing = packing
                 pattern.key_packing = PackedSequences(
@@ -290,15 +320,18 @@ class StackMixin:
                 )
             elif kind == "bigbird":
                 bs = cfg.attention_block_size
-                n_key_blocks = -(-max(total, kv_offset + kv_length) // bs)
+                # A tensor count (static cache, compiled) sizes the table by the cache's slots instead: a
+                # causal table's rows do not depend on its size, and rows past the tokens are never read.
+                seen = total if isinstance(total, int) else span
+                n_key_blocks = -(-max(seen, kv_offset + kv_length) // bs)
                 pattern.random_table = random_block_table(
-                    cfg.random_seed, -(-total // bs), n_key_blocks, cfg.num_random_blocks, self.causal, device
+                    cfg.random_seed, -(-seen // bs), n_key_blocks, cfg.num_random_blocks, self.causal, device
                 )
             patterns[layer_type] = pattern
         return patterns
 
     def positions_and_packing(
-        self, *, batch, length, past, device, key_valid, position_ids, cache, packing_inputs, prefix
+        self, *, batch, length, past, span, device, key_valid, position_ids, cache, packing_inputs, prefix
     ):
         """Query positions (B, T), key positions (B, P + T) and the packed sequences of this forward
         (None when each row holds one). Packed rows restart their positions, for keys too (ALiBi and
@@ -309,22 +342,39 @@ class StackMixin:
             batch=batch,
             length=length,
             device=device,
-            key_valid=key_valid[:, past:] if key_valid is not None else None,
+            key_valid=new_columns(key_valid, past, length) if key_valid is not None else None,
             position_ids=position_ids,
             past=past,
             prefix=prefix,
             **packing_inputs,
         )
-        key_pos = positions_from_mask(key_valid, batch, past + length, device)  # (B, S)
+        key_pos = positions_from_mask(key_valid, batch, span, device)  # (B, S)
         if position_ids is None:
-            position_ids = key_pos[:, past:] if packing is None else packing.positions(key_valid)
+            position_ids = new_columns(key_pos, past, length) if packing is None else packing.positions(key_valid)
         else:
             position_ids = position_ids.view(-1, length).expand(batch, length).to(device)
-        if (key_valid is None and past == 0) or packing is not None:
+        if (key_valid is None and isinstance(past, int) and past == 0) or packing is not None:
             key_pos = position_ids
         if packing is not None and cache is not None:
             mark_cache_packed(cache)
         return position_ids, key_pos, packing
+
+    def plan_global_window_layers(self, cache, layer_type, is_global, key_valid) -> None:
+        """Tell each window + global cache layer of `layer_type` which leading tokens to keep. Under
+        compile they keep everything (`keep=None`): dropping keys is a data-dependent decision, and
+        keeping them is always correct."""
+        layers = [
+            (i, layer)
+            for i, other in enumerate(self.layer_types)
+            if other == layer_type and isinstance(layer := cache_layer(cache, i), GlobalWindowLayer)
+        ]
+        if not layers:
+            return
+        keep = None
+        if not torch.compiler.is_compiling():
+            keep = leading_tokens_to_keep(is_global, key_valid, self.config.global_tokens)
+        for i, layer in layers:
+            layer.plan(self.config.sliding_window, keep, i)
 
     # Forward ------------------------------------------------------------------------------------
 
@@ -368,28 +418,28 @@ class StackMixin:
         """
         config = self.config
         past = cache.get_seq_length() if cache is not None else 0
-        validate_inputs(
+        if torch.is_tensor(past) and not torch.compiler.is_compiling():
+            past = int(past)  # a static cache counts in a tensor; outside compile, read it once
+        span = validate_inputs(
             config,
             input_ids=input_ids,
             inputs_embeds=inputs_embeds,
             attention_mask=attention_mask,
             position_ids=position_ids,
             past_length=past,
+            key_slots=static_key_slots(cache),
             prefix=input_prefix,
         )
         ref = input_ids if input_ids is not None else inputs_embeds
         b, t = ref.shape[:2]
         device = ref.device
-        if global_attention_mask is not None and tuple(global_attention_mask.shape) != (b, past + t):
-            raise ValueError(
-                f"{input_prefix}global_attention_mask has shape {tuple(global_attention_mask.shape)}; it needs "
-                f"(batch={b}, length={past + t}), one entry per cached and new token"
-            )
+        global_attention_mask = self.check_global_mask(global_attention_mask, b, past, t, span, input_prefix)
         key_valid = attention_mask.bool() if attention_mask is not None else None
         position_ids, key_pos, packing = self.positions_and_packing(
             batch=b,
             length=t,
             past=past,
+            span=span,
             device=device,
             key_valid=key_valid,
             position_ids=position_ids,
@@ -401,11 +451,12 @@ class StackMixin:
         h = self.embed(input_ids, inputs_embeds, token_type_ids, position_ids)
         rope = None
         if config.position_embedding_type == "rope":
-            rope = rope_cos_sin(position_ids, config.head_dim, config.rope_theta, h.dtype)
+            rope = rope_cos_sin(position_ids, config, h.dtype)
         patterns = self.self_attention_patterns(
             batch=b,
             t=t,
             past=past,
+            span=span,
             cache=cache,
             key_valid=key_valid,
             key_pos=key_pos,
@@ -420,17 +471,9 @@ class StackMixin:
                 check_batch_feature(
                     backend, "packing", "packed sequences (restarting position_ids, cu_seq_lens_* or seq_idx)"
                 )
-        if (
-            "flex_attention" in backends.values()
-            and device.type == "cpu"
-            and self.training
-            and torch.is_grad_enabled()
-        ):
-            raise ValueError(
-                "attn_implementation='flex_attention' cannot train on CPU (torch has no CPU backward for flex "
-                "attention); call model.eval() or run under torch.no_grad() for inference, or use 'sparse' to train"
-            )
-        masks = {lt: lower(p, backends[lt], h.dtype) for lt, p in patterns.items()}
+        for lt, pattern in patterns.items():
+            check_backend_for_batch(backends[lt], pattern.kind, self, device)
+        masks = {lt: lower_mask(p, backends[lt], h.dtype) for lt, p in patterns.items()}
         cross_pattern, cross_masks = None, {}
         if encoder_hidden_states is not None:
             s_enc = encoder_hidden_states.shape[1]
@@ -445,13 +488,13 @@ class StackMixin:
                 key_length=s_enc,
                 total_length=s_enc,
                 device=device,
-                key_valid=enc_valid if enc_valid is not None and not bool(enc_valid.all()) else None,
+                key_valid=enc_valid if enc_valid is not None and is_padded(enc_valid, s_enc) else None,
             )
             check_cross_packing(packing, encoder_packing, b)
             if packing is not None:
                 cross_pattern.query_packing, cross_pattern.key_packing = packing, encoder_packing
             for lt in patterns:
-                cross_masks[lt] = lower(cross_pattern, config.backend_for(lt), h.dtype)
+                cross_masks[lt] = lower_mask(cross_pattern, config.backend_for(lt), h.dtype)
 
         all_hidden = [] if output_hidden_states else None
         self_attns = [] if output_attentions else None
@@ -485,6 +528,19 @@ class StackMixin:
         as_tuple = lambda xs: tuple(xs) if xs is not None else None  # noqa: E731
         return h, as_tuple(all_hidden), as_tuple(self_attns), as_tuple(cross_attns)
 
+    @staticmethod
+    def check_global_mask(marks, b, past, t, span, prefix):
+        """`global_attention_mask` (B, past + t), padded with zeros to a static cache's `span` slots."""
+        if marks is None:
+            return None
+        widths = {span} | ({past + t} if isinstance(past, int) else set())
+        if marks.dim() != 2 or marks.shape[0] != b or marks.shape[1] not in widths:
+            raise ValueError(
+                f"{prefix}global_attention_mask has shape {tuple(marks.shape)}; it needs (batch={b}, "
+                f"length={' or '.join(map(str, sorted(widths)))}), one entry per cached and new token"
+            )
+        return nn.functional.pad(marks, (0, span - marks.shape[1]))
+
 
 def leading_tokens_to_keep(is_global: torch.Tensor, key_valid: torch.Tensor | None, global_tokens: int):
     """How many leading tokens hold every global token (B, S) of every row, or None while some row
@@ -504,52 +560,87 @@ def validate_inputs(
     input_ids: torch.Tensor | None,
     inputs_embeds: torch.Tensor | None,
     attention_mask: torch.Tensor | None,
-    past_length: int,
+    past_length,
     position_ids: torch.Tensor | None = None,
+    key_slots: int | None = None,
     prefix: str = "",
-) -> None:
-    """Check the inputs of one stack. `prefix` is "decoder_" for the decoder half of a seq2seq."""
-    ids, embeds, mask = f"{prefix}input_ids", f"{prefix}inputs_embeds", f"{prefix}attention_mask"
+) -> int:
+    """Check the inputs of one stack; return the key span the per-token inputs cover (past + length, or a
+    static cache's `key_slots` when the attention mask spans them). `prefix` is "decoder_" for the decoder
+    half of a seq2seq.
+
+    Shapes are checked always. Checks of values (token ids in the vocabulary, positions in the learned
+    table) read the data, so they run in eager mode only: a compiled or exported graph cannot branch on
+    values, and runs them nowhere (run a batch eagerly once to have it checked)."""
+    ids, embeds = f"{prefix}input_ids", f"{prefix}inputs_embeds"
     if (input_ids is None) == (inputs_embeds is None):
         raise ValueError(
             f"Pass exactly one of {ids} and {embeds} (got {'both' if input_ids is not None else 'neither'})"
         )
     if input_ids is not None:
-        if input_ids.dim() != 2:
-            raise ValueError(f"{ids} must have shape (batch, sequence), got shape {tuple(input_ids.shape)}")
-        if input_ids.dtype.is_floating_point or input_ids.dtype == torch.bool or input_ids.dtype.is_complex:
-            raise ValueError(f"{ids} must hold integer token ids, got dtype {input_ids.dtype}")
-        if input_ids.numel():
-            low, high = int(input_ids.min()), int(input_ids.max())
-            if low < 0 or high >= config.vocab_size:
-                raise ValueError(
-                    f"{ids} holds token ids in [{low}, {high}] but vocab_size={config.vocab_size}; the tokenizer "
-                    f"and the model disagree (resize_token_embeddings, or fix the tokenizer)"
-                )
-        batch, length = input_ids.shape
+        _check_ids(config, input_ids, ids)
+        given, batch, length = ids, *input_ids.shape
     else:
         if inputs_embeds.dim() != 3 or inputs_embeds.shape[-1] != config.hidden_size:
             raise ValueError(
                 f"{embeds} must have shape (batch, sequence, hidden_size={config.hidden_size}), got "
                 f"{tuple(inputs_embeds.shape)}"
             )
-        batch, length = inputs_embeds.shape[:2]
-    total = past_length + length
-    if attention_mask is not None:
-        if attention_mask.dim() != 2 or tuple(attention_mask.shape) != (batch, total):
-            cached = f" ({past_length} cached + {length} new)" if past_length else ""
-            raise ValueError(
-                f"{mask} has shape {tuple(attention_mask.shape)} but the inputs need (batch={batch}, "
-                f"length={total}){cached}: one entry per token, 1 for tokens and 0 for padding"
-            )
+        given, (batch, length) = embeds, inputs_embeds.shape[:2]
+    shape = tuple((input_ids if input_ids is not None else inputs_embeds).shape)
+    # transformers' models stop on a RuntimeError deep in attention here; swapformer says what is wrong.
+    if length == 0:
+        raise ValueError(f"{given} has shape {shape}: every sequence needs at least one token")
+    if batch == 0:
+        raise ValueError(f"{given} has shape {shape}: the batch needs at least one sequence")
+    span = _check_attention_mask(attention_mask, batch, length, past_length, key_slots, prefix)
     if position_ids is not None and position_ids.shape[-1] != length:
         raise ValueError(
             f"position_ids has shape {tuple(position_ids.shape)}; its last dimension must be {length}"
         )
-    if config.position_embedding_type == "learned":
-        longest = total if position_ids is None else int(position_ids.max()) + 1
+    if config.position_embedding_type == "learned" and not torch.compiler.is_compiling():
+        longest = past_length + length if position_ids is None else int(position_ids.max()) + 1
         if longest > config.max_position_embeddings:
             raise ValueError(
                 f"Sequence of {longest} positions exceeds max_position_embeddings={config.max_position_embeddings} "
                 f"of the learned position table; truncate the inputs or use rope/alibi/relative_bias positions"
             )
+    return span
+
+
+def _check_ids(config, input_ids: torch.Tensor, name: str) -> None:
+    if input_ids.dim() != 2:
+        raise ValueError(f"{name} must have shape (batch, sequence), got shape {tuple(input_ids.shape)}")
+    if input_ids.dtype.is_floating_point or input_ids.dtype == torch.bool or input_ids.dtype.is_complex:
+        raise ValueError(f"{name} must hold integer token ids, got dtype {input_ids.dtype}")
+    if input_ids.numel() and not torch.compiler.is_compiling():
+        low, high = int(input_ids.min()), int(input_ids.max())
+        if low < 0 or high >= config.vocab_size:
+            raise ValueError(
+                f"{name} holds token ids in [{low}, {high}] but vocab_size={config.vocab_size}; the tokenizer "
+                f"and the model disagree (resize_token_embeddings, or fix the tokenizer)"
+            )
+
+
+def _check_attention_mask(
+    attention_mask, batch: int, length: int, past, key_slots: int | None, prefix: str
+) -> int:
+    """The mask covers every cached and new token (B, past + length), or every slot of a static cache."""
+    spans = set() if key_slots is None else {key_slots}
+    if isinstance(past, int):
+        spans.add(past + length)
+    if attention_mask is None:
+        if not spans:
+            raise ValueError(
+                "A compiled forward with this cache needs an attention_mask covering every cache slot; "
+                "pass one, or use a static cache with full-attention layers only"
+            )
+        return max(spans)
+    if attention_mask.dim() != 2 or attention_mask.shape[0] != batch or attention_mask.shape[1] not in spans:
+        cached = f" ({past} cached + {length} new)" if isinstance(past, int) and past else ""
+        raise ValueError(
+            f"{prefix}attention_mask has shape {tuple(attention_mask.shape)} but the inputs need (batch={batch}, "
+            f"length={' or '.join(map(str, sorted(spans))) or 'every cache slot'}){cached}: one entry per token, "
+            "1 for tokens and 0 for padding"
+        )
+    return attention_mask.shape[1]

@@ -36,7 +36,11 @@ CONFIGS = [swapformer.EncoderConfig, swapformer.DecoderConfig, swapformer.Seq2Se
         (dict(hidden_act="gelu9"), ValueError, r"Unknown hidden_act='gelu9'"),
         (dict(mlp_type="moe"), ValueError, r"Unknown mlp_type='moe'"),
         (dict(initializer="orthogonal"), ValueError, r"Unknown initializer='orthogonal'"),
-        (dict(attn_implementation="fastest"), ValueError, r"Unknown attn_implementation='fastest'"),
+        (
+            dict(attn_implementation="fastest"),
+            ValueError,
+            r'Specified `attn_implementation="fastest"` is not supported',
+        ),
         (dict(vocab_size=0), ValueError, r"vocab_size must be >= 1, got vocab_size=0"),
         (dict(hidden_size=-8), ValueError, r"hidden_size must be >= 1, got hidden_size=-8"),
         (dict(num_hidden_layers=0), ValueError, r"num_hidden_layers must be >= 1"),

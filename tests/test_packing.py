@@ -7,6 +7,7 @@ The rows come from transformers' own `DataCollatorWithFlattening` (restarting `p
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import json
 import math
@@ -390,6 +391,13 @@ def reference_flash(monkeypatch):
         fa, "_lazy_imports", lambda *a, **k: (reference_dense, varlen, None, fa._pad_input, fa._unpad_input)
     )
     monkeypatch.setattr(fa, "_loaded_implementation", None)
+    # The reference kernels run on the CPU, with gradients: say so in the capability table for this test,
+    # or the forward's checks refuse flash_attention_2 on a CPU tensor.
+    from swapformer.configuration import backends
+
+    flash = backends.BACKENDS["flash_attention_2"]
+    cpu_flash = dataclasses.replace(flash, devices=("cpu", *flash.devices), backward=("cpu", *flash.backward))
+    monkeypatch.setitem(backends.BACKENDS, "flash_attention_2", cpu_flash)
     return calls
 
 

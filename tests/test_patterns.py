@@ -312,11 +312,8 @@ class TestChoiceErrors:
         with pytest.raises(ValueError, match="'sdpa_fa' runs on CUDA only.*'sdpa' or 'sparse'"):
             model.set_attn_implementation("sdpa_fa")
 
-    def test_flex_refuses_dropout_and_position_bias(self):
-        with pytest.raises(ValueError, match="'flex_attention' does not support dropout"):
-            AutoModel.from_config(
-                tiny_config("encoder", attention_dropout=0.1), attn_implementation="flex_attention"
-            )
+    def test_flex_refuses_position_bias(self):
+        # attention_dropout is refused only in training now (tests/test_attn_choice.py::TestFlexDropout)
         with pytest.raises(ValueError, match="'flex_attention' does not support position_bias"):
             AutoModel.from_config(
                 tiny_config("encoder", position_embedding_type="relative_bias"),

@@ -1,0 +1,109 @@
+"""One process of tests/test_parallel.py's distributed runs (started by torchrun, gloo on CPU).
+
+    python -m torch.distributed.run --nproc_per_node=N tests/parallel_worker.py fsdp ARCH OUT.json
+    python -m torch.distributed.run --nproc_per_node=N tests/parallel_worker.py tp ARCH FOLDER OUT.json
+
+fsdp: `fully_shard` on every block named by `_no_split_modules`, then on the root; a few SGD steps on a
+fixed global batch split over the processes; rank 0 writes the global loss of each step.
+tp: `from_pretrained(FOLDER, distributed_config=DistributedConfig(tp_plan="auto"))` (the model's plan); rank 0 writes the
+logits' max difference from the unsharded model and how many weights were sharded.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import torch
+import torch.distributed as dist
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import fully_shard
+
+from conftest import LM_CLASSES, build, padded_batch, tiny_config
+
+GLOBAL_BATCH, STEPS = 4, 4
+
+
+def global_batch(arch: str) -> dict:
+    ids, mask = padded_batch(batch=GLOBAL_BATCH, length=8, padding="right", seed=1)
+    labels = ids.masked_fill(mask == 0, -100)
+    if arch == "encoder":  # masked LM: predict every third real token
+        labels = labels.masked_fill(torch.arange(8) % 3 != 0, -100)
+    batch = {"input_ids": ids, "attention_mask": mask, "labels": labels}
+    if arch == "seq2seq":
+        batch["decoder_input_ids"] = torch.roll(ids, 1, dims=1)
+    return batch
+
+
+def summed_loss(arch: str, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    if arch == "decoder":
+        logits, labels = logits[:, :-1], labels[:, 1:]
+    return torch.nn.functional.cross_entropy(
+        logits.reshape(-1, logits.shape[-1]).float(), labels.reshape(-1), ignore_index=-100, reduction="sum"
+    )
+
+
+def train_fsdp(arch: str, out: str) -> None:
+    rank, world = dist.get_rank(), dist.get_world_size()
+    mesh = init_device_mesh("cpu", (world,))
+    config = tiny_config(arch, position_embedding_type="rope", num_key_value_heads=2)
+    model = build(LM_CLASSES[arch], config, attn="sdpa").train()  # same seed: same weights on every rank
+    for module in model.modules():
+        if type(module).__name__ in model._no_split_modules:
+            fully_shard(module, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
+    batch = global_batch(arch)
+    labels = batch.pop("labels")
+    rows = slice(rank * GLOBAL_BATCH // world, (rank + 1) * GLOBAL_BATCH // world)
+    counted = labels[:, 1:] if arch == "decoder" else labels
+    n_global = int((counted != -100).sum())  # labelled tokens of the whole global batch
+    losses = []
+    for _ in range(STEPS):
+        local = {k: v[rows] for k, v in batch.items()}
+        total = summed_loss(arch, model(**local).logits, labels[rows])
+        # FSDP2 averages gradients over ranks: scale so that they add up to the global batch's gradient
+        (total * world / n_global).backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        total = total.detach()
+        dist.all_reduce(total)
+        losses.append(float(total) / n_global)
+    if rank == 0:
+        with open(out, "w") as f:
+            json.dump(losses, f)
+
+
+def tensor_parallel(arch: str, folder: str, out: str) -> None:
+    from torch.distributed.tensor import DTensor
+    from transformers import (
+        AutoModelForCausalLM,
+        AutoModelForMaskedLM,
+        AutoModelForSeq2SeqLM,
+        DistributedConfig,
+    )
+
+    auto = {
+        "encoder": AutoModelForMaskedLM,
+        "decoder": AutoModelForCausalLM,
+        "seq2seq": AutoModelForSeq2SeqLM,
+    }[arch]
+    batch = global_batch(arch)
+    batch.pop("labels")
+    with torch.no_grad():
+        sharded = auto.from_pretrained(folder, distributed_config=DistributedConfig(tp_plan="auto")).eval()
+        got = sharded(**batch).logits
+        want = auto.from_pretrained(folder).eval()(**batch).logits
+    if dist.get_rank() == 0:
+        n_sharded = sum(isinstance(p, DTensor) for p in sharded.parameters())
+        with open(out, "w") as f:
+            json.dump({"diff": float((got - want).abs().max()), "sharded": n_sharded}, f)
+
+
+if __name__ == "__main__":
+    dist.init_process_group("gloo")
+    if sys.argv[1] == "fsdp":
+        train_fsdp(*sys.argv[2:])
+    else:
+        tensor_parallel(*sys.argv[2:])
+    dist.destroy_process_group()
