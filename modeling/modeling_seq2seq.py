@@ -17,10 +17,12 @@ from ..configuration.configuration_swapformer import Seq2SeqConfig
 from .modeling_base import (
     SwapformerGenerationMixin,
     SwapformerPreTrainedModel,
+    cache_argument,
+    check_label_ids,
     finish_output,
     keep_positions,
-    resolve_cache_argument,
     token_cross_entropy,
+    use_cache_unless_checkpointing,
 )
 from .stack import StackMixin
 
@@ -67,6 +69,7 @@ class Seq2SeqStack(StackMixin, nn.Module):
             embed_tokens=embed_tokens,
         )
 
+    @cache_argument
     def forward(
         self,
         input_ids: torch.Tensor | None = None,
@@ -161,6 +164,7 @@ class Seq2SeqModel(Seq2SeqPreTrainedModel):
     def get_encoder(self, modality: str | None = None):
         return self.encoder
 
+    @cache_argument
     def forward(
         self,
         input_ids: torch.Tensor | None = None,
@@ -176,7 +180,6 @@ class Seq2SeqModel(Seq2SeqPreTrainedModel):
         output_attentions: bool | None = None,
         output_hidden_states: bool | None = None,
         return_dict: bool | None = None,
-        past_key_values: Cache | None = None,
         global_attention_mask: torch.Tensor | None = None,
     ) -> Seq2SeqModelOutput | tuple:
         """
@@ -185,10 +188,10 @@ class Seq2SeqModel(Seq2SeqPreTrainedModel):
             decoder_attention_mask: (B, P + T) padding mask of the decoder input.
             encoder_outputs: a previous encoder output, reused instead of running the encoder.
             global_attention_mask: (B, S_enc) global tokens of the encoder input.
-            cache: an `EncoderDecoderCache` (self-attention and cross-attention keys/values).
+            cache: an `EncoderDecoderCache` (self-attention and cross-attention keys/values);
+                `past_key_values=` and `cache_params=` are its deprecated names.
         """
         cfg = self.config
-        cache = resolve_cache_argument(cache, past_key_values)
         if encoder_outputs is None:
             encoder_outputs = self.encoder(
                 input_ids=input_ids,
@@ -205,8 +208,7 @@ class Seq2SeqModel(Seq2SeqPreTrainedModel):
             raise ValueError(
                 "Pass decoder_input_ids or decoder_inputs_embeds (or labels to the LM, which makes them)"
             )
-        use_cache = cfg.use_cache if use_cache is None else use_cache
-        if use_cache and cache is None and not (self.training and self.gradient_checkpointing):
+        if use_cache_unless_checkpointing(self, use_cache) and cache is None:
             cache = EncoderDecoderCache(DynamicCache(config=cfg), DynamicCache(config=cfg))
         if isinstance(cache, EncoderDecoderCache):
             keep_all_encoder_keys(cache)
@@ -252,6 +254,7 @@ class Seq2SeqForConditionalGeneration(Seq2SeqPreTrainedModel, SwapformerGenerati
     def prepare_decoder_input_ids_from_labels(self, labels: torch.Tensor) -> torch.Tensor:
         return shift_tokens_right(labels, self.config.pad_token_id, self.config.decoder_start_token_id)
 
+    @cache_argument
     def forward(
         self,
         input_ids: torch.Tensor | None = None,
@@ -270,7 +273,6 @@ class Seq2SeqForConditionalGeneration(Seq2SeqPreTrainedModel, SwapformerGenerati
         return_dict: bool | None = None,
         logits_to_keep: int | torch.Tensor = 0,
         num_items_in_batch: int | torch.Tensor | None = None,
-        past_key_values: Cache | None = None,
         global_attention_mask: torch.Tensor | None = None,
     ) -> Seq2SeqLMOutput | tuple:
         """
@@ -280,6 +282,7 @@ class Seq2SeqForConditionalGeneration(Seq2SeqPreTrainedModel, SwapformerGenerati
                 with the labels as they are (no second shift).
         """
         if labels is not None and decoder_input_ids is None and decoder_inputs_embeds is None:
+            check_label_ids(labels, self.config.vocab_size)  # before they become decoder_input_ids
             decoder_input_ids = self.prepare_decoder_input_ids_from_labels(labels)
         out = self.model(
             input_ids=input_ids,
@@ -288,7 +291,7 @@ class Seq2SeqForConditionalGeneration(Seq2SeqPreTrainedModel, SwapformerGenerati
             decoder_attention_mask=decoder_attention_mask,
             decoder_position_ids=decoder_position_ids,
             encoder_outputs=encoder_outputs,
-            cache=resolve_cache_argument(cache, past_key_values),
+            cache=cache,
             inputs_embeds=inputs_embeds,
             decoder_inputs_embeds=decoder_inputs_embeds,
             use_cache=use_cache,
