@@ -150,9 +150,10 @@ class DecodingWeights:
     At batch 1 a decoding step multiplies one row by every weight matrix, streamed from memory each
     time. On CPU that product runs faster on a matrix stored (in, out), the layout of GPT-2's Conv1D,
     than on `nn.Linear`'s (out, in): the vocabulary-sized LM head in about 0.55x the time, square
-    and wide matrices in 0.5-0.9x, narrow ones (MLP down, GQA k/v) not faster, so they are not copied
-    (see the README's generation benchmark). No torch product reads the (out, in) matrix at that
-    speed, so the copy is the price: the copied matrices' bytes, held only while generate() runs.
+    and wide matrices in 0.5-0.9x, narrow ones (MLP down, GQA k/v) not faster, so they are not copied.
+    No torch product reads the (out, in) matrix at that speed (DESIGN_NOTES.md 9), so the copies are
+    the price: their bytes while generate() runs, and the time to make them once per call (see the
+    README's generation benchmark).
 
     The Parameters themselves are never touched (same object, storage, strides and autograd state),
     so an optimizer holding them (fused AdamW keys its state to storage and strides), inference_mode,
@@ -161,31 +162,30 @@ class DecodingWeights:
     Skipped: subclassed or quantized layers, weights off the CPU or on meta, modules with an
     Accelerate hook (offloading swaps their weights itself), the encoder of an encoder-decoder (it
     runs once per prompt) and cross-attention keys/values (computed once, then cached).
-    Concurrent generate() calls on one model share one set of copies (counted under a lock).
     `model.decoding_copies` chooses: "all" (default), "lm_head" (the largest gain per byte) or
-    "none" (no extra memory, the speed of the Parameters' layout).
+    "none" (no extra memory, the speed of the Parameters' layout). Copies that would take more than
+    half of the memory available are cut down to the head, or to nothing, with a warning.
+    Concurrent generate() calls on one model share one set of copies (counted under a lock).
     """
 
+    CHOICES = ("all", "lm_head", "none")
     _lock = threading.Lock()
 
     def __init__(self, model: nn.Module):
         self.model, self.users, self.lent = model, 0, []  # lent: (module, original Parameter)
-        self.copied_bytes = 0
-
-    CHOICES = ("all", "lm_head", "none")
 
     @staticmethod
-    def candidates(model: nn.Module):
+    def candidates(model: nn.Module, choice: str | None = None) -> list[nn.Linear]:
         """The plain CPU `nn.Linear`s read at every decoding step with at least as many outputs as
-        inputs, as far as `model.decoding_copies` allows."""
-        choice = getattr(model, "decoding_copies", "all")
+        inputs, as far as `choice` (default `model.decoding_copies`) allows."""
+        choice = getattr(model, "decoding_copies", "all") if choice is None else choice
         if choice not in DecodingWeights.CHOICES:
             raise ValueError(
                 f"decoding_copies={choice!r}; choose one of {DecodingWeights.CHOICES} (what generate() copies "
                 "input-major for faster CPU decoding)"
             )
         if choice == "none":
-            return
+            return []
         skip = set()
         if getattr(model.config, "is_encoder_decoder", False):
             skip.update(id(m) for m in model.get_encoder().modules())
@@ -193,31 +193,49 @@ class DecodingWeights:
             if getattr(module, "is_cross_attention", False):
                 skip.update((id(module.k_proj), id(module.v_proj)))
         modules = [model.get_output_embeddings()] if choice == "lm_head" else model.modules()
-        for module in modules:
-            if type(module) is not nn.Linear or id(module) in skip or hasattr(module, "_hf_hook"):
-                continue
-            weight = module.weight
-            if (
-                module.out_features >= module.in_features
-                and type(weight) is nn.Parameter
-                and weight.device.type == "cpu"
-                and weight.is_floating_point()
-                and weight.is_contiguous()
-            ):
-                yield module
+        return [
+            m
+            for m in modules
+            if type(m) is nn.Linear
+            and id(m) not in skip
+            and not hasattr(m, "_hf_hook")
+            and m.out_features >= m.in_features
+            and type(m.weight) is nn.Parameter
+            and m.weight.device.type == "cpu"
+            and m.weight.is_floating_point()
+            and m.weight.is_contiguous()
+        ]
+
+    @staticmethod
+    def size(modules: list[nn.Linear]) -> int:
+        """Bytes of the copies of `modules`' weights (a tied tensor once)."""
+        weights = {id(m.weight): m.weight for m in modules}
+        return sum(w.numel() * w.element_size() for w in weights.values())
+
+    def plan(self) -> list[nn.Linear]:
+        """The candidates, cut down when their copies would take over half the available memory."""
+        modules = self.candidates(self.model)
+        free = available_memory_bytes()
+        if free is None or self.size(modules) <= free // 2:
+            return modules
+        head = self.candidates(self.model, "lm_head")
+        kept = head if 0 < self.size(head) <= free // 2 else []
+        logger.warning_once(
+            f"generate() copies the decoding weights input-major for faster CPU decoding; the copies "
+            f"({self.size(modules) / 2**20:.0f} MiB) would take over half of the available memory "
+            f"({free / 2**20:.0f} MiB), so {'only the LM head is' if kept else 'nothing is'} copied (set "
+            "model.decoding_copies to 'lm_head' or 'none' to choose)"
+        )
+        return kept
 
     def lend(self) -> None:
         copies: dict[int, nn.Parameter] = {}  # one copy per tensor, also when tied
-        with torch.no_grad():
-            for module in self.candidates(self.model):
-                weight = module.weight
-                if id(weight) not in copies:
-                    copies[id(weight)] = nn.Parameter(
-                        weight.detach().t().contiguous().t(), requires_grad=False
-                    )
-                    self.copied_bytes += weight.numel() * weight.element_size()
-                self.lent.append((module, weight))
-                module._parameters["weight"] = copies[id(weight)]
+        for module in self.plan():
+            weight = module.weight
+            if id(weight) not in copies:
+                copies[id(weight)] = nn.Parameter(input_major_copy(weight), requires_grad=False)
+            self.lent.append((module, weight))
+            module._parameters["weight"] = copies[id(weight)]
 
     def hand_back(self) -> None:
         for module, weight in reversed(self.lent):
@@ -247,6 +265,25 @@ class DecodingWeights:
                 if lease.users == 0:
                     lease.hand_back()
                     del model.__dict__["_decoding_weights"]
+
+
+@torch.no_grad()
+def input_major_copy(weight: torch.Tensor, rows: int = 512) -> torch.Tensor:
+    """`weight` (out, in) with the same values, stored (in, out). Copied in blocks of `rows` output
+    rows: about 2x faster on CPU than one transposing copy (measured, a 50257 x 768 head)."""
+    out = torch.empty(weight.shape[1], weight.shape[0], dtype=weight.dtype, device=weight.device)
+    for start in range(0, weight.shape[0], rows):
+        out[:, start : start + rows].copy_(weight[start : start + rows].t())
+    return out.t()
+
+
+def available_memory_bytes() -> int | None:
+    """MemAvailable from /proc/meminfo (Linux), or None where unknown."""
+    try:
+        with open("/proc/meminfo") as f:
+            return next((int(line.split()[1]) * 1024 for line in f if line.startswith("MemAvailable:")), None)
+    except OSError:
+        return None
 
 
 class SwapformerGenerationMixin(GenerationMixin):

@@ -361,6 +361,50 @@ def test_decoding_copies_are_lent_for_generate_only(arch, tied, monkeypatch):
     assert max(max_diff(a, b) for a, b in zip(out.logits, plain.logits)) <= TOLERANCE
 
 
+def copied_weights(model, ids, mask):
+    """The names of the Linear modules whose weight generate() read from a copy."""
+    linears = {n: m for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)}
+    seen = {}
+
+    def record(name):
+        def hook(module, args):
+            seen.setdefault(name, module.weight)
+
+        return hook
+
+    hooks = [m.register_forward_pre_hook(record(n)) for n, m in linears.items()]
+    model.generate(ids, attention_mask=mask, max_new_tokens=2, do_sample=False, pad_token_id=0)
+    for hook in hooks:
+        hook.remove()
+    return {n for n, w in seen.items() if w is not linears[n].weight}
+
+
+def test_decoding_copies_can_be_limited_and_fit_in_memory(monkeypatch, caplog):
+    from transformers.utils import logging as hf_logging
+
+    model = lm("decoder", tie_word_embeddings=False)
+    ids, mask = prompts("decoder")
+    everything = copied_weights(model, ids, mask)
+    assert "lm_head" in everything and len(everything) > 1
+    model.decoding_copies = "lm_head"
+    assert copied_weights(model, ids, mask) == {"lm_head"}
+    model.decoding_copies = "none"
+    assert copied_weights(model, ids, mask) == set()
+    model.decoding_copies = "some"
+    with pytest.raises(ValueError, match="decoding_copies='some'.*'all', 'lm_head', 'none'"):
+        model.generate(ids, attention_mask=mask, max_new_tokens=1)
+    # copies that would take over half of the available memory: the head only, with a warning
+    model.decoding_copies = "all"
+    head = 97 * 32 * 4
+    monkeypatch.setattr("swapformer.modeling.modeling_base.available_memory_bytes", lambda: 3 * head)
+    hf_logging.get_logger("swapformer").warning_once.cache_clear()
+    with caplog.at_level("WARNING"):
+        assert copied_weights(model, ids, mask) == {"lm_head"}
+    assert "only the LM head is copied" in caplog.text
+    monkeypatch.setattr("swapformer.modeling.modeling_base.available_memory_bytes", lambda: head)
+    assert copied_weights(model, ids, mask) == set()
+
+
 @pytest.mark.parametrize("attn", ["sdpa", "sparse"])
 @pytest.mark.parametrize("arch", ["decoder", "seq2seq"])
 def test_beam_search_on_the_window_and_global_cache(arch, attn):

@@ -169,19 +169,26 @@ def missing_subsets(keys):
     return subsets
 
 
-def check_initialised(model, missing, saved, config):
+def check_initialised(model, saved, fresh):
+    """Loaded tensors hold the saved values; missing parameters the initialiser's (zeros for biases,
+    ones for norms, std initializer_range for matrices); buffers those of a model built afresh."""
+    config = model.config
+    fresh_buffers = dict(fresh.named_buffers())
     for name, tensor in list(model.named_parameters()) + list(model.named_buffers()):
         assert tensor.device.type == "cpu", f"{name} is on {tensor.device}"
         assert torch.isfinite(tensor).all(), f"{name} holds non-finite values"
         if name in saved:
             assert torch.equal(tensor, saved[name]), f"{name} was loaded wrong"
             continue
+        if name in fresh_buffers:
+            assert torch.equal(tensor, fresh_buffers[name]), f"buffer {name} differs from a fresh model's"
+            continue
         if name.endswith("bias"):
             assert not tensor.any(), f"{name}: a missing bias is initialised to zeros"
         elif "norm" in name:
             assert torch.all(tensor == 1), f"{name}: a missing norm weight is initialised to ones"
         else:
-            std = float(tensor.std())
+            std = float(tensor.detach().std())
             assert 0.7 * config.initializer_range < std < 1.3 * config.initializer_range, f"{name}: std {std}"
 
 
@@ -193,6 +200,8 @@ def check_initialised(model, missing, saved, config):
         ("Seq2SeqForConditionalGeneration", {"tie_word_embeddings": False}),
         ("Seq2SeqForConditionalGeneration", {"shared_embeddings": False, "tie_word_embeddings": False}),
         ("Seq2SeqModel", {"shared_embeddings": False}),
+        ("Seq2SeqForConditionalGeneration", {"position_embedding_type": "relative_bias"}),
+        ("EncoderForSequenceClassification", {"position_embedding_type": "rope", "type_vocab_size": 2}),
     ],
 )
 def test_every_missing_weight_is_materialised_initialised_and_reported(name, overrides, tmp_path):
@@ -203,7 +212,7 @@ def test_every_missing_weight_is_materialised_initialised_and_reported(name, ove
         model, info = cls.from_pretrained(folder, output_loading_info=True)
         assert set(dropped) <= set(info["missing_keys"]), (label, set(dropped) - set(info["missing_keys"]))
         assert not set(info["missing_keys"]) & set(kept), label
-        check_initialised(model, info["missing_keys"], kept, model.config)
+        check_initialised(model, kept, cls._from_config(copy.deepcopy(model.config)))
         for target, source in model.all_tied_weights_keys.items():
             assert model.get_parameter(target) is model.get_parameter(source), (label, target, source)
         if getattr(model.config, "shared_embeddings", False):
