@@ -405,6 +405,38 @@ def test_decoding_copies_can_be_limited_and_fit_in_memory(monkeypatch, caplog):
     assert copied_weights(model, ids, mask) == set()
 
 
+def test_overlapping_generate_calls_share_the_copies_and_hand_back_the_parameters():
+    """Serving threads generating on one model: the copies are lent once and the Parameters come
+    back when the last call ends, even when the first one fails."""
+    import threading
+
+    model = lm("decoder", position_embedding_type="rope")
+    ids, mask = prompts("decoder")
+    params = {n: p for n, p in model.named_parameters()}
+    options = dict(attention_mask=mask, max_new_tokens=6, min_new_tokens=6, do_sample=False, pad_token_id=0)
+    alone = model.generate(ids, **options)
+    results, errors = [None] * 4, []
+
+    def run(i):
+        try:
+            results[i] = model.generate(ids, **options)
+        except Exception as error:  # reported by the assertion below
+            errors.append(error)
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert not errors and all(torch.equal(r, alone) for r in results)
+    assert all(p is params[n] for n, p in model.named_parameters())
+    assert "_decoding_weights" not in model.__dict__
+    with pytest.raises(ValueError):
+        model.generate(ids, attention_mask=mask[:, :3], max_new_tokens=2)  # a bad mask fails inside
+    assert all(p is params[n] for n, p in model.named_parameters())
+    assert "_decoding_weights" not in model.__dict__
+
+
 @pytest.mark.parametrize("attn", ["sdpa", "sparse"])
 @pytest.mark.parametrize("arch", ["decoder", "seq2seq"])
 def test_beam_search_on_the_window_and_global_cache(arch, attn):

@@ -125,6 +125,46 @@ def test_generate_mid_training_leaves_fused_adamw_exact(arch, use_lora, report):
     assert worst == 0.0
 
 
+def seq2seq_trainer_weights(tmp_path, predict_with_generate: bool):
+    """Seq2SeqTrainer with transformers' fused AdamW, evaluating (with or without generate) every 2 steps."""
+    from transformers import Seq2SeqTrainer, Seq2SeqTrainingArguments
+
+    model = build(swapformer.Seq2SeqForConditionalGeneration, tiny_config("seq2seq"))
+    batch = lm_batch("seq2seq")
+    rows = [{k: v[i] for k, v in batch.items()} for i in range(3)]
+    args = Seq2SeqTrainingArguments(
+        output_dir=str(tmp_path / str(predict_with_generate)),
+        per_device_train_batch_size=3,
+        per_device_eval_batch_size=3,
+        max_steps=6,
+        eval_strategy="steps",
+        eval_steps=2,
+        predict_with_generate=predict_with_generate,
+        generation_max_length=4,
+        optim="adamw_torch_fused",
+        learning_rate=1e-2,
+        use_cpu=True,
+        report_to="none",
+        save_strategy="no",
+        seed=0,
+    )
+    # with compute_metrics, evaluation makes predictions (generate() when predict_with_generate)
+    metrics = lambda prediction: {"n": float(len(prediction.predictions))}  # noqa: E731
+    Seq2SeqTrainer(
+        model=model, args=args, train_dataset=rows, eval_dataset=rows, compute_metrics=metrics
+    ).train()
+    return {n: p.detach().clone() for n, p in model.named_parameters()}
+
+
+def test_seq2seq_trainer_predict_with_generate_trains_as_without(tmp_path, report):
+    """The issue's case: Seq2SeqTrainer, predict_with_generate=True, transformers' fused AdamW."""
+    plain = seq2seq_trainer_weights(tmp_path, predict_with_generate=False)
+    generating = seq2seq_trainer_weights(tmp_path, predict_with_generate=True)
+    worst = max(max_diff(plain[n], generating[n]) for n in plain)
+    report("max weight diff, predict_with_generate True vs False", worst)
+    assert worst == 0.0
+
+
 @pytest.mark.parametrize("use_lora", [False, True], ids=["full", "lora"])
 @pytest.mark.parametrize("arch", ["decoder", "seq2seq"])
 def test_generate_under_inference_mode_then_train(arch, use_lora):
@@ -339,7 +379,7 @@ def test_output_past_key_values_reads_cache_with_transformers_warning(name, capl
     hf_logging.get_logger("transformers.utils.generic").warning_once.cache_clear()
     hf_logging.enable_propagation()
     with caplog.at_level(logging.WARNING):
-        assert out.past_key_values is out.cache
+        assert out.past_key_values is out.cache and out.cache_params is out.cache
     hf_logging.disable_propagation()
     assert "`past_key_values`/`cache_params` are deprecated. Use `cache` instead." in caplog.text
 
