@@ -400,6 +400,19 @@ def test_cache_position_is_accepted_as_llama_accepts_it():
         assert torch.equal(prefill, m(ids).logits)
     with pytest.raises(ValueError, match="cache_position"):
         model(ids[:, 3:], cache=copy.deepcopy(cache), cache_position=torch.tensor([7]))
+    # encoder-decoder: cache_position counts decoder tokens
+    seq2seq = build(swapformer.Seq2SeqForConditionalGeneration, tiny_config("seq2seq"))
+    with torch.no_grad():
+        cache = seq2seq(ids, decoder_input_ids=ids[:, :3], use_cache=True).cache
+        expected = seq2seq(ids, decoder_input_ids=ids[:, 3:], cache=copy.deepcopy(cache)).logits
+        got = seq2seq(
+            ids, decoder_input_ids=ids[:, 3:], cache=copy.deepcopy(cache), cache_position=torch.tensor([3])
+        )
+    assert torch.equal(got.logits, expected)
+    with pytest.raises(ValueError, match="cache_position"):
+        seq2seq(
+            ids, decoder_input_ids=ids[:, 3:], cache=copy.deepcopy(cache), cache_position=torch.tensor([0])
+        )
 
 
 @pytest.mark.parametrize(
