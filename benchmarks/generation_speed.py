@@ -9,14 +9,23 @@ in turn, several rounds, and each keeps its best time. Peak memory is the growth
 during one generate() call, measured in a child process of this run with MALLOC_MMAP_THRESHOLD_=65536
 so that freed buffers go back to the system at once.
 
+swapformer decodes on input-major copies of its wide and square matrices, lent to the modules for
+the generate() call (`DecodingWeights`, DESIGN_NOTES.md 9); the table also times it with a copy of the
+LM head only and with no copies (`model.decoding_copies`), and gives the copies' size, the memory
+that speed costs while generate() runs. A second table times single decoding steps (best of many,
+interleaved; steadier than whole calls on a busy machine) and the copying paid once per call.
+
 Also printed: the bytes of weights read per new token (every matrix is read once per token; the
-input embedding only for one row, unless tied to the output layer) and this machine's memory
-bandwidth (a large tensor summed), so the table shows how close decoding is to the bandwidth limit.
+input embedding only for one row, unless tied to the output layer), this machine's memory bandwidth
+(a large tensor summed), so the table shows how close decoding is to the bandwidth limit, and the
+CPU model and load average before and after (the ratios are measured side by side, but a busy
+machine still makes them noisy).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import subprocess
@@ -24,7 +33,7 @@ import sys
 import time
 
 import torch
-from measure import interleaved, peak_extra_mib
+from measure import interleaved, peak_extra_mib, timed
 from transformers import (
     BartConfig,
     BartForConditionalGeneration,
@@ -36,8 +45,10 @@ from transformers import (
 
 import swapformer
 from swapformer.conversion import from_hf_model
+from swapformer.modeling.modeling_base import DecodingWeights
 
 PROMPT, NEW = 32, 128
+VARIANTS = {"swapformer": "all", "head copy only": "lm_head", "no copies": "none"}  # decoding_copies
 
 
 def families():
@@ -90,7 +101,9 @@ def build(name):
     return hf, ours
 
 
-def generate(model, prompt):
+def generate(model, prompt, decoding_copies="all"):
+    if isinstance(model, swapformer.SwapformerPreTrainedModel):
+        model.decoding_copies = decoding_copies
     with torch.no_grad():
         return model.generate(
             prompt,
@@ -116,6 +129,20 @@ def weight_bytes_per_token(model) -> int:
         else:
             total += p.numel() * p.element_size()
     return total
+
+
+def copied_mib(model, choice: str) -> float:
+    """What generate() copies input-major under `decoding_copies=choice` (each tensor once)."""
+    return DecodingWeights.size(DecodingWeights.candidates(model, choice)) / 2**20
+
+
+def machine() -> str:
+    with open("/proc/cpuinfo") as f:
+        cpu = next(
+            (line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), "unknown CPU"
+        )
+    load = os.getloadavg()
+    return f"{cpu}, {os.cpu_count()} cores, load average {load[0]:.2f} / {load[1]:.2f} / {load[2]:.2f}"
 
 
 def memory_bandwidth_gbs() -> float:
@@ -150,47 +177,118 @@ def measure_memory():
     print(json.dumps(out))
 
 
+def generation_table(memory: dict, bandwidth: float, rounds: int) -> None:
+    print(
+        "| model | transformers tok/s | swapformer tok/s (ratio) | head copy only | no copies "
+        "| copies held during generate (all / head) | peak extra MiB (transformers / swapformer) "
+        "| weights read per token | swapformer at bandwidth limit |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|")
+    for name in families():
+        hf, ours = build(name)
+        prompt = torch.randint(5, 1000, (1, PROMPT))
+        same = all(torch.equal(generate(hf, prompt), generate(ours, prompt, c)) for c in VARIANTS.values())
+        runs = {"transformers": lambda m=hf, p=prompt: generate(m, p)}
+        for label, choice in VARIANTS.items():
+            runs[label] = lambda m=ours, p=prompt, c=choice: generate(m, p, c)
+        tok = {k: NEW / v for k, v in interleaved(runs, rounds).items()}
+        ratio = {k: f"{v:.1f} ({v / tok['transformers']:.2f}x)" for k, v in tok.items()}
+        per_token = weight_bytes_per_token(ours)
+        limit = bandwidth * 1e9 / per_token
+        print(
+            f"| {name}{'' if same else ' (tokens differ!)'} | {tok['transformers']:.1f} | {ratio['swapformer']} | "
+            f"{ratio['head copy only']} | {ratio['no copies']} | {copied_mib(ours, 'all'):.0f} / "
+            f"{copied_mib(ours, 'lm_head'):.0f} MiB | {memory[name + '|transformers']:.0f} / "
+            f"{memory[name + '|swapformer']:.0f} | {per_token / 2**20:.0f} MiB | "
+            f"{100 * tok['swapformer'] / limit:.0f}% of {limit:.0f} tok/s |",
+            flush=True,
+        )
+
+
+def decoding_step(model, cache_length: int = 48):
+    """One decoding step (one token after `cache_length` cached ones), repeatable: the cache is
+    cropped back after each call. For an encoder-decoder, the encoder output is computed once."""
+    prompt = torch.randint(5, 1000, (1, cache_length))
+    extra = {}
+    with torch.no_grad():
+        if model.config.is_encoder_decoder:
+            out = model(input_ids=prompt, decoder_input_ids=prompt[:, :16], use_cache=True)
+            extra = dict(
+                encoder_outputs=(out.encoder_last_hidden_state,), attention_mask=torch.ones_like(prompt)
+            )
+        else:
+            out = model(prompt, use_cache=True)
+    cache, token = out.cache, torch.tensor([[7]])
+
+    def step():
+        with torch.no_grad():
+            if model.config.is_encoder_decoder:
+                model(decoder_input_ids=token, cache=cache, **extra)
+            else:
+                model(token, cache=cache)
+        cache.crop(-1)
+
+    return step
+
+
+def step_table(reps: int) -> None:
+    """Per decoding step, best of `reps` interleaved: short runs are less disturbed by other processes
+    than whole generate() calls. The copying time is paid once per generate() call."""
+    print(
+        "\n| model | transformers ms/step | swapformer ms/step (ratio) | head copy only | no copies "
+        "| copying per generate() call (all / head) |"
+    )
+    print("|---|---|---|---|---|---|")
+    for name in families():
+        hf, ours = build(name)
+        runs = {"transformers": (hf, None, decoding_step(hf))}
+        for label, choice in VARIANTS.items():
+            runs[label] = (ours, choice, decoding_step(ours))
+        best = dict.fromkeys(runs, float("inf"))
+        for _ in range(reps):
+            for label, (model, choice, step) in runs.items():
+                with contextlib.ExitStack() as lent:
+                    if choice is not None:
+                        model.decoding_copies = choice
+                        lent.enter_context(DecodingWeights.during(model))
+                    start = time.perf_counter()
+                    step()
+                    best[label] = min(best[label], time.perf_counter() - start)
+        copying = {c: timed(lambda c=c, m=ours: lend_once(m, c), 3) for c in ("all", "lm_head")}
+        ms = {k: f"{v * 1e3:.1f} ({best['transformers'] / v:.2f}x)" for k, v in best.items()}
+        print(
+            f"| {name} | {best['transformers'] * 1e3:.1f} | {ms['swapformer']} | {ms['head copy only']} | "
+            f"{ms['no copies']} | {copying['all'] * 1e3:.0f} / {copying['lm_head'] * 1e3:.0f} ms |",
+            flush=True,
+        )
+
+
+def lend_once(model, choice: str) -> None:
+    model.decoding_copies = choice
+    with DecodingWeights.during(model):
+        pass
+
+
 def main():
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=3, help="whole generate() calls per model")
+    parser.add_argument("--steps", type=int, default=40, help="single decoding steps per model")
     parser.add_argument("--memory-child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.memory_child:
         return measure_memory()
     memory = memory_child()
     bandwidth = memory_bandwidth_gbs()
+    print(f"{machine()}")
     print(
         f"torch {torch.__version__}, {torch.get_num_threads()} threads, fp32; memory bandwidth (sum of 256 MiB): "
         f"{bandwidth:.1f} GB/s\n"
     )
-    print(
-        "| model | transformers tok/s | swapformer tok/s | ratio | peak extra MiB (transformers / swapformer) "
-        "| weights read per token | swapformer at bandwidth limit |"
-    )
-    print("|---|---|---|---|---|---|---|")
-    for name in families():
-        hf, ours = build(name)
-        prompt = torch.randint(5, 1000, (1, PROMPT))
-        same = torch.equal(generate(hf, prompt), generate(ours, prompt))
-        best = interleaved(
-            {
-                "transformers": lambda m=hf, p=prompt: generate(m, p),
-                "swapformer": lambda m=ours, p=prompt: generate(m, p),
-            },
-            args.rounds,
-        )
-        tok = {k: NEW / v for k, v in best.items()}
-        per_token = weight_bytes_per_token(ours)
-        limit = bandwidth * 1e9 / per_token
-        print(
-            f"| {name}{'' if same else ' (tokens differ!)'} | {tok['transformers']:.1f} | {tok['swapformer']:.1f} | "
-            f"{tok['swapformer'] / tok['transformers']:.2f}x | {memory[name + '|transformers']:.0f} / "
-            f"{memory[name + '|swapformer']:.0f} | {per_token / 2**20:.0f} MiB | "
-            f"{100 * tok['swapformer'] / limit:.0f}% of {limit:.0f} tok/s |",
-            flush=True,
-        )
+    generation_table(memory, bandwidth, args.rounds)
+    step_table(args.steps)
+    print(f"\nafter: {machine()}")
 
 
 if __name__ == "__main__":

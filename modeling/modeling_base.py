@@ -3,13 +3,19 @@ is chosen, input validation, the token loss, and saving with generated remote co
 
 from __future__ import annotations
 
+import contextlib
+import functools
+import inspect
 import os
+import threading
+import warnings
 
 import torch
 from torch import nn
 from transformers import PreTrainedModel
 from transformers import initialization as init
 from transformers.generation import GenerationMixin
+from transformers.utils import logging
 
 from ..configuration.backends import PER_LAYER_BACKEND, check_layer_backends
 from ..configuration.configuration_swapformer import SwapformerConfig
@@ -17,6 +23,8 @@ from .attention import check_backend_for_model
 from .layers import RMSNorm
 from .remote_code import write_remote_code
 from .stack import static_key_slots
+
+logger = logging.get_logger(__name__)
 
 
 class SwapformerPreTrainedModel(PreTrainedModel):
@@ -31,10 +39,6 @@ class SwapformerPreTrainedModel(PreTrainedModel):
     _can_compile_fullgraph = True
     # Maps an Auto class name to the model class; filled per architecture, read for `auto_map`.
     auto_classes: dict[str, type] = {}
-
-    def post_init(self):
-        super().post_init()
-        self.register_state_dict_post_hook(contiguous_state_dict)
 
     # Backend choice -----------------------------------------------------------------------------
 
@@ -76,6 +80,22 @@ class SwapformerPreTrainedModel(PreTrainedModel):
         return nn.functional.pad(attention_mask, (0, slots - attention_mask.shape[-1]))
 
     # Initialisation -----------------------------------------------------------------------------
+
+    def mark_tied_weights_as_initialized(self, loading_info) -> None:
+        """transformers' step of `from_pretrained`, which for custom code also takes out of the missing
+        keys every name of a tensor reachable under several names (a shared module) on the grounds
+        that one of them was loaded. When none was (the seq2seq `shared` embedding, which is also
+        `encoder.embed_tokens` and `decoder.embed_tokens`), the tensor would stay on the meta device,
+        uninitialised and unreported; those names are put back, so it is materialised, initialised
+        and listed in the load report like any missing weight."""
+        missing = set(loading_info.missing_keys)
+        super().mark_tied_weights_as_initialized(loading_info)
+        names_of: dict[int, list[str]] = {}
+        for name, tensor in self.state_dict(keep_vars=True).items():
+            names_of.setdefault(id(tensor), []).append(name)
+        for names in names_of.values():
+            if len(names) > 1 and missing.issuperset(names):
+                loading_info.missing_keys.update(n for n in names if n not in self.all_tied_weights_keys)
 
     def _init_weights(self, module: nn.Module) -> None:
         config = self.config
@@ -132,50 +152,157 @@ class SwapformerPreTrainedModel(PreTrainedModel):
         return result
 
 
-def use_decoding_layout(model: nn.Module) -> int:
-    """Store the weights of `model`'s plain CPU `nn.Linear`s with at least as many outputs as inputs
-    (the LM head, MLP up/gate, square attention projections) input-major; returns how many changed.
+class DecodingWeights:
+    """Input-major copies of the weight matrices that each decoding step reads, lent to their modules
+    for the length of one generate() call, then handed back.
 
-    Each decoding step multiplies one row by every weight matrix, read from memory each time. On CPU
-    that matrix-vector product runs faster on such a matrix stored (in, out), the layout of GPT-2's
-    Conv1D, than on `nn.Linear`'s (out, in): the vocabulary-sized LM head takes about 0.6x the time,
-    square and wide matrices a few percent less, narrow ones (MLP down) none (see the README's
-    generation benchmark). Shapes, values and Parameter objects (so tying) are unchanged, only the
-    strides; state dicts still hold contiguous tensors (`contiguous_state_dict`), so every way of
-    saving works. Subclassed or quantized layers and weights off the CPU are left alone.
+    At batch 1 a decoding step multiplies one row by every weight matrix, streamed from memory each
+    time. On CPU that product runs faster on a matrix stored (in, out), the layout of GPT-2's Conv1D,
+    than on `nn.Linear`'s (out, in): the vocabulary-sized LM head in about 0.55x the time, square
+    and wide matrices in 0.5-0.9x, narrow ones (MLP down, GQA k/v) not faster, so they are not copied.
+    No torch product reads the (out, in) matrix at that speed (DESIGN_NOTES.md 9), so the copies are
+    the price: their bytes while generate() runs, and the time to make them once per call (see the
+    README's generation benchmark).
+
+    The Parameters themselves are never touched (same object, storage, strides and autograd state),
+    so an optimizer holding them (fused AdamW keys its state to storage and strides), inference_mode,
+    tying and saving see nothing. During the call each module's `weight` entry points at its copy;
+    the copies are made under no_grad, so they are plain leaves whatever mode generate() runs in.
+    Skipped: subclassed or quantized layers, weights off the CPU or on meta, modules with an
+    Accelerate hook (offloading swaps their weights itself), the encoder of an encoder-decoder (it
+    runs once per prompt) and cross-attention keys/values (computed once, then cached).
+    `model.decoding_copies` chooses: "all" (default), "lm_head" (the largest gain per byte) or
+    "none" (no extra memory, the speed of the Parameters' layout). Copies that would take more than
+    half of the memory available are cut down to the head, or to nothing, with a warning.
+    Concurrent generate() calls on one model share one set of copies (counted under a lock).
     """
-    changed = 0
-    with torch.no_grad():
+
+    CHOICES = ("all", "lm_head", "none")
+    _lock = threading.Lock()
+
+    def __init__(self, model: nn.Module):
+        self.model, self.users, self.lent = model, 0, []  # lent: (module, original Parameter)
+
+    @staticmethod
+    def candidates(model: nn.Module, choice: str | None = None) -> list[nn.Linear]:
+        """The plain CPU `nn.Linear`s read at every decoding step with at least as many outputs as
+        inputs, as far as `choice` (default `model.decoding_copies`) allows."""
+        choice = getattr(model, "decoding_copies", "all") if choice is None else choice
+        if choice not in DecodingWeights.CHOICES:
+            raise ValueError(
+                f"decoding_copies={choice!r}; choose one of {DecodingWeights.CHOICES} (what generate() copies "
+                "input-major for faster CPU decoding)"
+            )
+        if choice == "none":
+            return []
+        skip = set()
+        if getattr(model.config, "is_encoder_decoder", False):
+            skip.update(id(m) for m in model.get_encoder().modules())
         for module in model.modules():
-            if type(module) is not nn.Linear or module.out_features < module.in_features:
-                continue
+            if getattr(module, "is_cross_attention", False):
+                skip.update((id(module.k_proj), id(module.v_proj)))
+        modules = [model.get_output_embeddings()] if choice == "lm_head" else model.modules()
+        return [
+            m
+            for m in modules
+            if type(m) is nn.Linear
+            and id(m) not in skip
+            and not hasattr(m, "_hf_hook")
+            and m.out_features >= m.in_features
+            and type(m.weight) is nn.Parameter
+            and m.weight.device.type == "cpu"
+            and m.weight.is_floating_point()
+            and m.weight.is_contiguous()
+        ]
+
+    @staticmethod
+    def size(modules: list[nn.Linear]) -> int:
+        """Bytes of the copies of `modules`' weights (a tied tensor once)."""
+        weights = {id(m.weight): m.weight for m in modules}
+        return sum(w.numel() * w.element_size() for w in weights.values())
+
+    def plan(self) -> list[nn.Linear]:
+        """The candidates, cut down when their copies would take over half the available memory."""
+        modules = self.candidates(self.model)
+        free = available_memory_bytes()
+        if free is None or self.size(modules) <= free // 2:
+            return modules
+        head = self.candidates(self.model, "lm_head")
+        kept = head if 0 < self.size(head) <= free // 2 else []
+        logger.warning_once(
+            f"generate() copies the decoding weights input-major for faster CPU decoding; the copies "
+            f"({self.size(modules) / 2**20:.0f} MiB) would take over half of the available memory "
+            f"({free / 2**20:.0f} MiB), so {'only the LM head is' if kept else 'nothing is'} copied (set "
+            "model.decoding_copies to 'lm_head' or 'none' to choose)"
+        )
+        return kept
+
+    def lend(self) -> None:
+        copies: dict[int, nn.Parameter] = {}  # one copy per tensor, also when tied
+        for module in self.plan():
             weight = module.weight
-            if (
-                type(weight) is not nn.Parameter
-                or weight.device.type != "cpu"
-                or not weight.is_floating_point()
-            ):
-                continue
-            if weight.is_contiguous():
-                weight.data = weight.data.t().contiguous().t()
-                changed += 1
-    return changed
+            if id(weight) not in copies:
+                copies[id(weight)] = nn.Parameter(input_major_copy(weight), requires_grad=False)
+            self.lent.append((module, weight))
+            module._parameters["weight"] = copies[id(weight)]
+
+    def hand_back(self) -> None:
+        for module, weight in reversed(self.lent):
+            module._parameters["weight"] = weight
+        self.lent.clear()
+
+    @classmethod
+    @contextlib.contextmanager
+    def during(cls, model: nn.Module):
+        """Lend the copies to `model` inside the block (shared by overlapping calls)."""
+        with cls._lock:
+            lease = model.__dict__.get("_decoding_weights")
+            if lease is None:
+                lease = cls(model)
+                try:
+                    lease.lend()
+                except BaseException:
+                    lease.hand_back()
+                    raise
+                model.__dict__["_decoding_weights"] = lease
+            lease.users += 1
+        try:
+            yield lease
+        finally:
+            with cls._lock:
+                lease.users -= 1
+                if lease.users == 0:
+                    lease.hand_back()
+                    del model.__dict__["_decoding_weights"]
 
 
-def contiguous_state_dict(module, state_dict, prefix, local_metadata) -> None:
-    """State-dict post-hook: tensors (not `keep_vars` Parameters) in the decoding layout are handed
-    out contiguous, as safetensors and transformers' tied-weight checks need."""
-    for key, value in state_dict.items():
-        if key.startswith(prefix) and not isinstance(value, nn.Parameter) and not value.is_contiguous():
-            state_dict[key] = value.contiguous()
+@torch.no_grad()
+def input_major_copy(weight: torch.Tensor, rows: int = 512) -> torch.Tensor:
+    """`weight` (out, in) with the same values, stored (in, out). Copied in blocks of `rows` output
+    rows: about 2x faster on CPU than one transposing copy (measured, a 50257 x 768 head)."""
+    out = torch.empty(weight.shape[1], weight.shape[0], dtype=weight.dtype, device=weight.device)
+    for start in range(0, weight.shape[0], rows):
+        out[:, start : start + rows].copy_(weight[start : start + rows].t())
+    return out.t()
+
+
+def available_memory_bytes() -> int | None:
+    """MemAvailable from /proc/meminfo (Linux), or None where unknown."""
+    try:
+        with open("/proc/meminfo") as f:
+            return next((int(line.split()[1]) * 1024 for line in f if line.startswith("MemAvailable:")), None)
+    except OSError:
+        return None
 
 
 class SwapformerGenerationMixin(GenerationMixin):
-    """transformers' generate(), with CPU weights in the faster decoding layout."""
+    """transformers' generate(), decoding on input-major copies of the CPU weights (`DecodingWeights`)."""
+
+    decoding_copies: str = "all"  # or "lm_head", "none": see DecodingWeights
 
     def generate(self, *args, **kwargs):
-        use_decoding_layout(self)
-        return super().generate(*args, **kwargs)
+        with DecodingWeights.during(self):
+            return super().generate(*args, **kwargs)
 
 
 def finish_output(config, output, return_dict: bool | None):
@@ -184,21 +311,125 @@ def finish_output(config, output, return_dict: bool | None):
 
 
 def keep_positions(h: torch.Tensor, logits_to_keep: int | torch.Tensor) -> torch.Tensor:
-    """The positions of h (B, T, E) that need logits: the last N (0 means all) or those indexed."""
+    """The positions of h (B, T, E) that need logits, by transformers' rule (`slice_logits_to_keep`):
+    an int N keeps the last N (0: all); a 1-D tensor indexes positions of every row; a 2-D integer
+    tensor (B, N) positions per row; a 2-D bool mask (B, T) the True positions, flattened to (n, E)."""
     if isinstance(logits_to_keep, int):
         return h[:, -logits_to_keep:] if logits_to_keep else h
+    if logits_to_keep.dim() == 2:
+        if logits_to_keep.dtype == torch.bool:
+            return h[logits_to_keep.to(h.device)]
+        return torch.take_along_dim(h, logits_to_keep.to(h.device)[..., None], dim=1)
     return h[:, logits_to_keep]
 
 
-def resolve_cache_argument(cache, past_key_values):
-    """`cache` is the transformers 5.x name; `past_key_values` is still accepted, never both."""
-    if past_key_values is None:
-        return cache
-    if cache is not None and cache is not past_key_values:
+# The cache argument ------------------------------------------------------------------------------
+
+# transformers 5.24 renamed the cache argument to `cache` and deprecates the old names with
+# `deprecate_kwarg(old, "5.40.0", new_name="cache")` (Llama, BART: past_key_values; Mamba:
+# cache_params); the warning below is that decorator's text.
+OLD_CACHE_NAMES = ("past_key_values", "cache_params")
+CACHE_NAMES_REMOVED_IN = "5.40.0"
+
+
+def cache_argument(forward):
+    """Decorates a forward whose cache parameter is `cache`: `past_key_values=` and `cache_params=`
+    are taken with transformers' FutureWarning (shown once per call site, as Python shows it),
+    two names for the cache at once raise, and `cache_position` (which transformers 5.24's models
+    take and no longer need) is checked against the cache instead of being silently ignored."""
+    signature = inspect.signature(forward)
+    names = list(signature.parameters)
+    cache_at = names.index("cache")  # position in (self, *args)
+    # the tokens the cache grows by: the decoder's, for an encoder-decoder
+    new_tokens = (
+        ("decoder_input_ids", "decoder_inputs_embeds", "labels")
+        if "decoder_input_ids" in names
+        else ("input_ids", "inputs_embeds")
+    )
+
+    @functools.wraps(forward)
+    def wrapper(self, *args, **kwargs):
+        given = [n for n in OLD_CACHE_NAMES if kwargs.get(n) is not None]
+        for n in OLD_CACHE_NAMES:
+            if kwargs.get(n) is None:
+                kwargs.pop(n, None)
+        if given:
+            positional = args[cache_at - 1] if len(args) >= cache_at else None
+            if kwargs.get("cache") is not None or positional is not None:
+                given.insert(0, "cache")
+            if len(given) > 1:
+                raise ValueError(
+                    f"Both `{given[0]}` and `{given[1]}` are set for `{type(self).__name__}.forward`: pass the "
+                    "cache once, as `cache=`, not both (`past_key_values` and `cache_params` are its deprecated names)"
+                )
+            if not torch.compiler.is_compiling():
+                warnings.warn(
+                    f"`{given[0]}` is deprecated and will be removed in version {CACHE_NAMES_REMOVED_IN} for "
+                    f"`{type(self).__name__}.forward`. Use `cache` instead.",
+                    FutureWarning,
+                    stacklevel=2,
+                )
+            if len(args) >= cache_at:
+                args = (*args[: cache_at - 1], kwargs.pop(given[0]), *args[cache_at:])
+            else:
+                kwargs["cache"] = kwargs.pop(given[0])
+        cache_position = kwargs.pop("cache_position", None)
+        if cache_position is not None and not torch.compiler.is_compiling():
+            check_cache_position(cache_position, signature.bind(self, *args, **kwargs).arguments, new_tokens)
+        return forward(self, *args, **kwargs)
+
+    return wrapper
+
+
+def check_cache_position(cache_position: torch.Tensor, arguments: dict, new_tokens: tuple[str, ...]) -> None:
+    """New tokens always follow the cached ones (as in transformers 5.24, where `cache_position` is
+    no longer read); a `cache_position` saying otherwise is an error rather than silently ignored."""
+    cache = arguments.get("cache")
+    past = cache.get_seq_length() if cache is not None else 0
+    for name in new_tokens:
+        if arguments.get(name) is not None:
+            length = arguments[name].shape[1]
+            break
+    else:
+        return
+    expected = torch.arange(past, past + length, device=cache_position.device)
+    if cache_position.shape[-1:] != (length,) or not bool((cache_position == expected).all()):
+        shown = cache_position.flatten()[:8].tolist()
         raise ValueError(
-            "Pass the KV cache once, as cache= (past_key_values= is its deprecated name), not both"
+            f"cache_position={shown}{'...' if cache_position.numel() > 8 else ''} disagrees with the inputs: "
+            f"{length} new token(s) after {past} cached ones sit at positions {past}..{past + length - 1}. New "
+            "tokens always follow the cache; drop cache_position, or crop the cache (cache.crop(n)) to rewrite it"
         )
-    return past_key_values
+
+
+def use_cache_unless_checkpointing(module: nn.Module, use_cache: bool | None) -> bool:
+    """`use_cache` (default: the config's), switched off with transformers' warning while gradient
+    checkpointing trains: recomputed layers would write the cache twice."""
+    use_cache = module.config.use_cache if use_cache is None else use_cache
+    if use_cache and module.gradient_checkpointing and module.training and torch.is_grad_enabled():
+        # Llama's text (transformers.utils.generic.merge_with_config_defaults)
+        logger.warning_once(
+            "`use_cache=True` is incompatible with gradient checkpointing. Setting `use_cache=False`."
+        )
+        return False
+    return bool(use_cache)
+
+
+# Losses ------------------------------------------------------------------------------------------
+
+
+def check_label_ids(labels: torch.Tensor, vocab_size: int, name: str = "labels", ignore_index: int = -100):
+    """Token labels lie in [0, vocab_size) or equal `ignore_index`; checked where the user gave them,
+    not as an index error inside the loss or the embedding."""
+    if torch.compiler.is_compiling() or not labels.numel():
+        return
+    real = labels[labels != ignore_index]
+    if real.numel() and (int(real.min()) < 0 or int(real.max()) >= vocab_size):
+        raise ValueError(
+            f"{name} holds token ids in [{int(real.min())}, {int(real.max())}] but vocab_size={vocab_size}; "
+            f"use ids in [0, {vocab_size}) and {ignore_index} for positions without loss (the tokenizer and the "
+            "model disagree: resize_token_embeddings, or fix the tokenizer)"
+        )
 
 
 def token_cross_entropy(
@@ -208,6 +439,7 @@ def token_cross_entropy(
     shift: bool,
     num_items_in_batch: int | torch.Tensor | None = None,
     ignore_index: int = -100,
+    name: str = "labels",
 ) -> torch.Tensor:
     """Cross-entropy over tokens, in fp32.
 
@@ -219,7 +451,9 @@ def token_cross_entropy(
         num_items_in_batch: number of labelled tokens over the whole (accumulated) batch, as given by
             Trainer or an Accelerate loop; the sum is divided by it so that gradient accumulation gives
             the gradient of one big batch. Without it, the mean over this batch's labelled tokens.
+        name: what the user called `labels`, for the error on ids outside the vocabulary.
     """
+    check_label_ids(labels, logits.shape[-1], name, ignore_index)
     if shift:
         logits, labels = logits[:, :-1], labels[:, 1:]
     logits = logits.reshape(-1, logits.shape[-1]).float()
@@ -230,6 +464,29 @@ def token_cross_entropy(
     if torch.is_tensor(num_items_in_batch):
         num_items_in_batch = num_items_in_batch.to(total.device)
     return total / num_items_in_batch
+
+
+def causal_lm_loss(
+    logits: torch.Tensor,
+    labels: torch.Tensor | None,
+    shift_labels: torch.Tensor | None,
+    num_items_in_batch: int | torch.Tensor | None = None,
+) -> torch.Tensor | None:
+    """transformers' `ForCausalLMLoss`: `labels` (B, T) are shifted inside; `shift_labels` (B, T),
+    already aligned with the logits (context parallelism, packing collators), win when both are given."""
+    if shift_labels is None:
+        if labels is None:
+            return None
+        return token_cross_entropy(logits, labels, shift=True, num_items_in_batch=num_items_in_batch)
+    if tuple(shift_labels.shape) != tuple(logits.shape[:-1]):
+        raise ValueError(
+            f"shift_labels has shape {tuple(shift_labels.shape)} but the logits cover {tuple(logits.shape[:-1])} "
+            "positions: shift_labels[b, t] is the token that follows position t (-100 for none), one per position "
+            "(with logits_to_keep, pass labels instead)"
+        )
+    return token_cross_entropy(
+        logits, shift_labels, shift=False, num_items_in_batch=num_items_in_batch, name="shift_labels"
+    )
 
 
 def sequence_classification_loss(config, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
@@ -252,9 +509,14 @@ def sequence_classification_loss(config, logits: torch.Tensor, labels: torch.Ten
 
 __all__ = [
     "SwapformerPreTrainedModel",
+    "SwapformerGenerationMixin",
+    "DecodingWeights",
+    "cache_argument",
+    "causal_lm_loss",
+    "check_label_ids",
     "finish_output",
     "keep_positions",
-    "resolve_cache_argument",
     "token_cross_entropy",
     "sequence_classification_loss",
+    "use_cache_unless_checkpointing",
 ]

@@ -15,11 +15,12 @@ from ..configuration.configuration_swapformer import DecoderConfig
 from .modeling_base import (
     SwapformerGenerationMixin,
     SwapformerPreTrainedModel,
+    cache_argument,
+    causal_lm_loss,
     finish_output,
     keep_positions,
-    resolve_cache_argument,
     sequence_classification_loss,
-    token_cross_entropy,
+    use_cache_unless_checkpointing,
 )
 from .packing import packing_kwargs
 from .stack import StackMixin
@@ -44,6 +45,7 @@ class DecoderModel(StackMixin, DecoderPreTrainedModel):
         self.gradient_checkpointing = False  # set by activation_checkpointing_enable
         self.post_init()
 
+    @cache_argument
     def forward(
         self,
         input_ids: torch.Tensor | None = None,
@@ -55,7 +57,6 @@ class DecoderModel(StackMixin, DecoderPreTrainedModel):
         output_attentions: bool | None = None,
         output_hidden_states: bool | None = None,
         return_dict: bool | None = None,
-        past_key_values: Cache | None = None,
         global_attention_mask: torch.Tensor | None = None,
         cu_seq_lens_q: torch.Tensor | None = None,
         cu_seq_lens_k: torch.Tensor | None = None,
@@ -66,8 +67,10 @@ class DecoderModel(StackMixin, DecoderPreTrainedModel):
         """
         Args:
             attention_mask: (B, P + T) over cached and new tokens, 1 for tokens, 0 for padding.
-            cache: a transformers `Cache` holding P tokens (`past_key_values` is its old name).
-            use_cache: create a `DynamicCache` when none is given and return it.
+            cache: a transformers `Cache` holding P tokens (`past_key_values=` and `cache_params=` are
+                its deprecated names; `cache_position`, if given, must be P..P+T-1).
+            use_cache: create a `DynamicCache` when none is given and return it (off, with
+                transformers' warning, while gradient checkpointing trains).
             global_attention_mask: (B, P + T), 1 for tokens that attend to and are attended by all
                 tokens (before them) in sliding_global/bigbird layers.
             cu_seq_lens_q, cu_seq_lens_k, max_length_q, max_length_k, seq_idx: packed sequences as
@@ -75,10 +78,8 @@ class DecoderModel(StackMixin, DecoderPreTrainedModel):
                 sequence then attends only to itself (see modeling/packing.py).
         """
         cfg = self.config
-        cache = resolve_cache_argument(cache, past_key_values)
-        use_cache = cfg.use_cache if use_cache is None else use_cache
         # A cache the caller passed is always read and updated; one is only created on request.
-        if use_cache and cache is None and not (self.training and self.gradient_checkpointing):
+        if use_cache_unless_checkpointing(self, use_cache) and cache is None:
             cache = DynamicCache(config=cfg)
         h, hidden, attns, _ = self.forward_stack(
             input_ids=input_ids,
@@ -111,6 +112,7 @@ class DecoderForCausalLM(DecoderPreTrainedModel, SwapformerGenerationMixin):
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         self.post_init()
 
+    @cache_argument
     def forward(
         self,
         input_ids: torch.Tensor | None = None,
@@ -125,26 +127,28 @@ class DecoderForCausalLM(DecoderPreTrainedModel, SwapformerGenerationMixin):
         return_dict: bool | None = None,
         logits_to_keep: int | torch.Tensor = 0,
         num_items_in_batch: int | torch.Tensor | None = None,
-        past_key_values: Cache | None = None,
         global_attention_mask: torch.Tensor | None = None,
         cu_seq_lens_q: torch.Tensor | None = None,
         cu_seq_lens_k: torch.Tensor | None = None,
         max_length_q: int | None = None,
         max_length_k: int | None = None,
         seq_idx: torch.Tensor | None = None,
+        shift_labels: torch.Tensor | None = None,
     ) -> CausalLMOutputWithPast | tuple:
         """
         Args:
             labels: (B, T) usually the input ids; shifted inside, -100 where no loss is taken.
             logits_to_keep: compute logits for the last N positions only (0: all), or for the
-                positions in a 1-D index tensor; generation uses 1.
+                positions a tensor selects (transformers' rule, see `keep_positions`); generation uses 1.
             num_items_in_batch: labelled tokens in the whole accumulated batch (see `token_cross_entropy`).
+            shift_labels: (B, T) labels already shifted (the target of position t at t), as
+                transformers' causal-LM loss takes them; used instead of `labels`.
         """
         out = self.model(
             input_ids=input_ids,
             attention_mask=attention_mask,
             position_ids=position_ids,
-            cache=resolve_cache_argument(cache, past_key_values),
+            cache=cache,
             inputs_embeds=inputs_embeds,
             use_cache=use_cache,
             output_attentions=output_attentions,
@@ -154,9 +158,7 @@ class DecoderForCausalLM(DecoderPreTrainedModel, SwapformerGenerationMixin):
             **packing_kwargs(cu_seq_lens_q, cu_seq_lens_k, max_length_q, max_length_k, seq_idx),
         )
         logits = self.lm_head(keep_positions(out.last_hidden_state, logits_to_keep))
-        loss = None
-        if labels is not None:
-            loss = token_cross_entropy(logits, labels, shift=True, num_items_in_batch=num_items_in_batch)
+        loss = causal_lm_loss(logits, labels, shift_labels, num_items_in_batch)
         result = CausalLMOutputWithPast(
             loss=loss,
             logits=logits,
@@ -189,6 +191,7 @@ class DecoderForSequenceClassification(DecoderPreTrainedModel):
         self.score = nn.Linear(config.hidden_size, config.num_labels, bias=False)
         self.post_init()
 
+    @cache_argument
     def forward(
         self,
         input_ids: torch.Tensor | None = None,
@@ -201,7 +204,6 @@ class DecoderForSequenceClassification(DecoderPreTrainedModel):
         output_attentions: bool | None = None,
         output_hidden_states: bool | None = None,
         return_dict: bool | None = None,
-        past_key_values: Cache | None = None,
         global_attention_mask: torch.Tensor | None = None,
         cu_seq_lens_q: torch.Tensor | None = None,
         cu_seq_lens_k: torch.Tensor | None = None,
@@ -215,7 +217,7 @@ class DecoderForSequenceClassification(DecoderPreTrainedModel):
             input_ids=input_ids,
             attention_mask=attention_mask,
             position_ids=position_ids,
-            cache=resolve_cache_argument(cache, past_key_values),
+            cache=cache,
             inputs_embeds=inputs_embeds,
             use_cache=use_cache,
             output_attentions=output_attentions,

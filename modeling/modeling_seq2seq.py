@@ -18,10 +18,12 @@ from ..configuration.configuration_swapformer import Seq2SeqConfig
 from .modeling_base import (
     SwapformerGenerationMixin,
     SwapformerPreTrainedModel,
+    cache_argument,
+    check_label_ids,
     finish_output,
     keep_positions,
-    resolve_cache_argument,
     token_cross_entropy,
+    use_cache_unless_checkpointing,
 )
 from .packing import PackedSequences, find_packed_sequences, packing_kwargs
 from .stack import StackMixin
@@ -69,6 +71,7 @@ class Seq2SeqStack(StackMixin, nn.Module):
             embed_tokens=embed_tokens,
         )
 
+    @cache_argument
     def forward(
         self,
         input_ids: torch.Tensor | None = None,
@@ -181,6 +184,7 @@ class Seq2SeqModel(Seq2SeqPreTrainedModel):
     def get_encoder(self, modality: str | None = None):
         return self.encoder
 
+    @cache_argument
     def forward(
         self,
         input_ids: torch.Tensor | None = None,
@@ -196,7 +200,6 @@ class Seq2SeqModel(Seq2SeqPreTrainedModel):
         output_attentions: bool | None = None,
         output_hidden_states: bool | None = None,
         return_dict: bool | None = None,
-        past_key_values: Cache | None = None,
         global_attention_mask: torch.Tensor | None = None,
         position_ids: torch.Tensor | None = None,
         cu_seq_lens_q: torch.Tensor | None = None,
@@ -211,14 +214,14 @@ class Seq2SeqModel(Seq2SeqPreTrainedModel):
             decoder_attention_mask: (B, P + T) padding mask of the decoder input.
             encoder_outputs: a previous encoder output, reused instead of running the encoder.
             global_attention_mask: (B, S_enc) global tokens of the encoder input.
-            cache: an `EncoderDecoderCache` (self-attention and cross-attention keys/values).
+            cache: an `EncoderDecoderCache` (self-attention and cross-attention keys/values);
+                `past_key_values=` and `cache_params=` are its deprecated names.
             position_ids: (B, S_enc) positions of the encoder input; restarting ones mark packed
                 sequences, as do cu_seq_lens_q, cu_seq_lens_k, max_length_q, max_length_k and seq_idx
                 (what `DataCollatorWithFlattening` gives for `input_ids`). Packed decoder inputs
                 (restarting `decoder_position_ids`) pair their n-th sequence with the n-th encoder one.
         """
         cfg = self.config
-        cache = resolve_cache_argument(cache, past_key_values)
         packing = packing_kwargs(cu_seq_lens_q, cu_seq_lens_k, max_length_q, max_length_k, seq_idx)
         if encoder_outputs is None:
             encoder_outputs = self.encoder(
@@ -248,8 +251,7 @@ class Seq2SeqModel(Seq2SeqPreTrainedModel):
             raise ValueError(
                 "Pass decoder_input_ids or decoder_inputs_embeds (or labels to the LM, which makes them)"
             )
-        use_cache = cfg.use_cache if use_cache is None else use_cache
-        if use_cache and cache is None and not (self.training and self.gradient_checkpointing):
+        if use_cache_unless_checkpointing(self, use_cache) and cache is None:
             cache = EncoderDecoderCache(DynamicCache(config=cfg), DynamicCache(config=cfg))
         if isinstance(cache, EncoderDecoderCache):
             keep_all_encoder_keys(cache)
@@ -307,6 +309,7 @@ class Seq2SeqForConditionalGeneration(Seq2SeqPreTrainedModel, SwapformerGenerati
     def prepare_decoder_input_ids_from_labels(self, labels: torch.Tensor) -> torch.Tensor:
         return shift_tokens_right(labels, self.config.pad_token_id, self.config.decoder_start_token_id)
 
+    @cache_argument
     def forward(
         self,
         input_ids: torch.Tensor | None = None,
@@ -325,7 +328,6 @@ class Seq2SeqForConditionalGeneration(Seq2SeqPreTrainedModel, SwapformerGenerati
         return_dict: bool | None = None,
         logits_to_keep: int | torch.Tensor = 0,
         num_items_in_batch: int | torch.Tensor | None = None,
-        past_key_values: Cache | None = None,
         global_attention_mask: torch.Tensor | None = None,
         position_ids: torch.Tensor | None = None,
         cu_seq_lens_q: torch.Tensor | None = None,
@@ -341,6 +343,7 @@ class Seq2SeqForConditionalGeneration(Seq2SeqPreTrainedModel, SwapformerGenerati
                 with the labels as they are (no second shift).
         """
         if labels is not None and decoder_input_ids is None and decoder_inputs_embeds is None:
+            check_label_ids(labels, self.config.vocab_size)  # before they become decoder_input_ids
             decoder_input_ids = self.prepare_decoder_input_ids_from_labels(labels)
         out = self.model(
             input_ids=input_ids,
@@ -349,7 +352,7 @@ class Seq2SeqForConditionalGeneration(Seq2SeqPreTrainedModel, SwapformerGenerati
             decoder_attention_mask=decoder_attention_mask,
             decoder_position_ids=decoder_position_ids,
             encoder_outputs=encoder_outputs,
-            cache=resolve_cache_argument(cache, past_key_values),
+            cache=cache,
             inputs_embeds=inputs_embeds,
             decoder_inputs_embeds=decoder_inputs_embeds,
             use_cache=use_cache,

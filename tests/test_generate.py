@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-from safetensors.torch import save_file
 from transformers import DynamicCache, LogitsProcessor, LogitsProcessorList
 
 from swapformer.configuration.backends import BACKENDS
+from swapformer.modeling.modeling_base import DecodingWeights
 
 from conftest import LM_CLASSES, POSITIONS, build, cached_step_diffs, max_diff, padded_batch, tiny_config
 
@@ -316,34 +316,125 @@ def test_static_cache_generates_what_the_dynamic_cache_does(arch, attn):
 
 
 @pytest.mark.parametrize("tied", [False, True])
-def test_decoding_layout_changes_strides_only(tied, tmp_path):
-    """generate() stores wide and square matrices input-major (faster matrix-vector products on
-    CPU); the function, the tying, state dicts, saving and training are unaffected."""
-    model = lm("decoder", position_embedding_type="rope", tie_word_embeddings=tied)
+@pytest.mark.parametrize("arch", ["decoder", "seq2seq"])
+def test_decoding_copies_are_lent_for_generate_only(arch, tied, monkeypatch):
+    """generate() decodes on input-major copies of the wide and square matrices (faster
+    matrix-vector products on CPU), lent to the modules for the call only: the same tokens and
+    logits as decoding on the Parameters, which stay the same objects, contiguous and tied."""
+    model = lm(arch, position_embedding_type="rope", tie_word_embeddings=tied)
+    ids, mask = prompts(arch)
+    params = {n: (p, p.data_ptr(), p.stride()) for n, p in model.named_parameters()}
+    seen = {}
+
+    def record(name):
+        def hook(module, args):
+            seen.setdefault(name, module.weight)
+
+        return hook
+
+    decoder = model.model.layers[0] if arch == "decoder" else model.model.decoder.layers[0]
+    watched = {
+        "lm_head": model.lm_head,
+        "up": decoder.mlp.up_proj,
+        "q": decoder.self_attn.q_proj,
+        "down": decoder.mlp.down_proj,
+    }
+    if arch == "seq2seq":
+        watched["cross k"] = decoder.cross_attn.k_proj
+        watched["encoder q"] = model.model.encoder.layers[0].self_attn.q_proj
+    hooks = [m.register_forward_pre_hook(record(n)) for n, m in watched.items()]
+    options = dict(attention_mask=mask, max_new_tokens=4, do_sample=False, pad_token_id=0)
+    options.update(output_logits=True, return_dict_in_generate=True)
+    out = model.generate(ids, **options)
+    for hook in hooks:
+        hook.remove()
+    copied = {n for n, w in seen.items() if w is not watched[n].weight}
+    # wide and square matrices read at every step; not MLP down (narrow), the encoder, cross k/v
+    assert copied == {"lm_head", "up", "q"}
+    assert all(not seen[n].is_contiguous() and torch.equal(seen[n], watched[n].weight) for n in copied)
+    assert {n: (p, p.data_ptr(), p.stride()) for n, p in model.named_parameters()} == params
+    assert (model.lm_head.weight is model.get_input_embeddings().weight) == tied
+    assert "_decoding_weights" not in model.__dict__
+    monkeypatch.setattr(DecodingWeights, "candidates", staticmethod(lambda model: iter(())))
+    plain = model.generate(ids, **options)
+    assert torch.equal(out.sequences, plain.sequences)
+    assert max(max_diff(a, b) for a, b in zip(out.logits, plain.logits)) <= TOLERANCE
+
+
+def copied_weights(model, ids, mask):
+    """The names of the Linear modules whose weight generate() read from a copy."""
+    linears = {n: m for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)}
+    seen = {}
+
+    def record(name):
+        def hook(module, args):
+            seen.setdefault(name, module.weight)
+
+        return hook
+
+    hooks = [m.register_forward_pre_hook(record(n)) for n, m in linears.items()]
+    model.generate(ids, attention_mask=mask, max_new_tokens=2, do_sample=False, pad_token_id=0)
+    for hook in hooks:
+        hook.remove()
+    return {n for n, w in seen.items() if w is not linears[n].weight}
+
+
+def test_decoding_copies_can_be_limited_and_fit_in_memory(monkeypatch, caplog):
+    from transformers.utils import logging as hf_logging
+
+    model = lm("decoder", tie_word_embeddings=False)
     ids, mask = prompts("decoder")
-    with torch.no_grad():
-        before = model(ids, attention_mask=mask).logits
-    model.generate(ids, attention_mask=mask, max_new_tokens=2, pad_token_id=0)
-    layer = model.model.layers[0]
-    head, up, q = model.lm_head.weight, layer.mlp.up_proj.weight, layer.self_attn.q_proj.weight
-    assert not head.is_contiguous() and not up.is_contiguous() and not q.is_contiguous()
-    assert head.shape == (97, 32) and q.shape == (32, 32)
-    assert layer.mlp.down_proj.weight.is_contiguous()  # narrow (48 -> 32): left as is
-    assert (head is model.model.embed_tokens.weight) == tied
-    assert all(t.is_contiguous() for t in model.state_dict().values())
-    if (
-        not tied
-    ):  # safetensors refuses non-contiguous (and shared) tensors: what Accelerate's save_state writes
-        save_file(model.state_dict(), tmp_path / "raw.safetensors")
-    with torch.no_grad():
-        assert max_diff(model(ids, attention_mask=mask).logits, before) <= 1e-5
-    model.save_pretrained(tmp_path)
-    reloaded = type(model).from_pretrained(tmp_path)
-    with torch.no_grad():
-        assert max_diff(reloaded(ids, attention_mask=mask).logits, before) <= 1e-5
-    model.train()
-    model(ids, attention_mask=mask, labels=ids).loss.backward()
-    assert head.grad.shape == head.shape and bool(head.grad.abs().sum() > 0)
+    everything = copied_weights(model, ids, mask)
+    assert "lm_head" in everything and len(everything) > 1
+    model.decoding_copies = "lm_head"
+    assert copied_weights(model, ids, mask) == {"lm_head"}
+    model.decoding_copies = "none"
+    assert copied_weights(model, ids, mask) == set()
+    model.decoding_copies = "some"
+    with pytest.raises(ValueError, match="decoding_copies='some'.*'all', 'lm_head', 'none'"):
+        model.generate(ids, attention_mask=mask, max_new_tokens=1)
+    # copies that would take over half of the available memory: the head only, with a warning
+    model.decoding_copies = "all"
+    head = 97 * 32 * 4
+    monkeypatch.setattr("swapformer.modeling.modeling_base.available_memory_bytes", lambda: 3 * head)
+    hf_logging.get_logger("swapformer").warning_once.cache_clear()
+    with caplog.at_level("WARNING"):
+        assert copied_weights(model, ids, mask) == {"lm_head"}
+    assert "only the LM head is copied" in caplog.text
+    monkeypatch.setattr("swapformer.modeling.modeling_base.available_memory_bytes", lambda: head)
+    assert copied_weights(model, ids, mask) == set()
+
+
+def test_overlapping_generate_calls_share_the_copies_and_hand_back_the_parameters():
+    """Serving threads generating on one model: the copies are lent once and the Parameters come
+    back when the last call ends, even when the first one fails."""
+    import threading
+
+    model = lm("decoder", position_embedding_type="rope")
+    ids, mask = prompts("decoder")
+    params = {n: p for n, p in model.named_parameters()}
+    options = dict(attention_mask=mask, max_new_tokens=6, min_new_tokens=6, do_sample=False, pad_token_id=0)
+    alone = model.generate(ids, **options)
+    results, errors = [None] * 4, []
+
+    def run(i):
+        try:
+            results[i] = model.generate(ids, **options)
+        except Exception as error:  # reported by the assertion below
+            errors.append(error)
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert not errors and all(torch.equal(r, alone) for r in results)
+    assert all(p is params[n] for n, p in model.named_parameters())
+    assert "_decoding_weights" not in model.__dict__
+    with pytest.raises(ValueError):
+        model.generate(ids, attention_mask=mask[:, :3], max_new_tokens=2)  # a bad mask fails inside
+    assert all(p is params[n] for n, p in model.named_parameters())
+    assert "_decoding_weights" not in model.__dict__
 
 
 @pytest.mark.parametrize("attn", ["sdpa", "sparse"])

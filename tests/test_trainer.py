@@ -33,11 +33,13 @@ class Rows(torch.utils.data.Dataset):
         return self.items[i]
 
 
-def train_one_step(arch, tmp_path, batch, accumulation):
+def train_one_step(arch, tmp_path, batch, accumulation, accepts_loss_kwargs=True):
     model = build(LM_CLASSES[arch], tiny_config(arch))
+    if not accepts_loss_kwargs:
+        model.accepts_loss_kwargs = False  # Trainer then averages the micro-batches' mean losses
     model.train()
     args = TrainingArguments(
-        output_dir=str(tmp_path / f"{batch}x{accumulation}"),
+        output_dir=str(tmp_path / f"{batch}x{accumulation}{'' if accepts_loss_kwargs else '-mean'}"),
         per_device_train_batch_size=batch,
         gradient_accumulation_steps=accumulation,
         max_steps=1,
@@ -67,3 +69,18 @@ def test_gradient_accumulation_matches_one_big_batch(arch, tmp_path, report):
     report(f"{arch}: max abs diff, 4x1 vs 2x2 accumulation", worst)
     assert moved > 1e-3  # the step did something
     assert worst <= 1e-5
+
+
+@pytest.mark.parametrize("arch", ["encoder", "decoder", "seq2seq"])
+def test_accumulation_4x1_matches_one_batch_and_needs_num_items_in_batch(arch, tmp_path, report):
+    """One row per micro-batch (2, 3, 4 and 10 tokens): the step equals one batch of four, and
+    the same run without num_items_in_batch (mean of the micro-batches' means) does not."""
+    big = train_one_step(arch, tmp_path, batch=4, accumulation=1)
+    accumulated = train_one_step(arch, tmp_path, batch=1, accumulation=4)
+    averaged = train_one_step(arch, tmp_path, batch=1, accumulation=4, accepts_loss_kwargs=False)
+    worst = max(max_diff(big[n], accumulated[n]) for n in big)
+    naive = max(max_diff(big[n], averaged[n]) for n in big)
+    report(f"{arch}: max abs diff, 4x1 vs 1x4 accumulation", worst)
+    report(f"{arch}: max abs diff, 4x1 vs 1x4 averaging micro-batch means", naive)
+    assert worst <= 1e-5
+    assert naive > 1e-3  # the comparison sees a loss that ignores num_items_in_batch

@@ -1,0 +1,483 @@
+"""transformers' own contract, held against live transformers models where one exists (Llama).
+
+generate() leaves the parameters alone (fused AdamW, inference_mode); loading fills every missing
+weight; the causal-LM loss takes `shift_labels` as transformers' does (`num_items_in_batch` under
+Trainer: tests/test_trainer.py); the cache argument is `cache`, with `past_key_values=` /
+`cache_params=` deprecated as Llama deprecates them; `cache_position` and `logits_to_keep` as in
+Llama; gradient checkpointing drops the cache with Llama's warning; bad seq2seq labels are reported
+as labels.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import os
+import warnings
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM
+from transformers.modeling_utils import slice_logits_to_keep
+
+import swapformer
+
+from conftest import LM_CLASSES, VOCAB, build, max_diff, padded_batch, tiny_config
+
+CACHED_CLASSES = {
+    "DecoderModel": ("decoder", swapformer.DecoderModel),
+    "DecoderForCausalLM": ("decoder", swapformer.DecoderForCausalLM),
+    "DecoderForSequenceClassification": ("decoder", swapformer.DecoderForSequenceClassification),
+    "Seq2SeqModel": ("seq2seq", swapformer.Seq2SeqModel),
+    "Seq2SeqForConditionalGeneration": ("seq2seq", swapformer.Seq2SeqForConditionalGeneration),
+}
+ALL_CLASSES = {
+    "EncoderModel": ("encoder", swapformer.EncoderModel),
+    "EncoderForMaskedLM": ("encoder", swapformer.EncoderForMaskedLM),
+    "EncoderForSequenceClassification": ("encoder", swapformer.EncoderForSequenceClassification),
+    "EncoderForTokenClassification": ("encoder", swapformer.EncoderForTokenClassification),
+    "EncoderForQuestionAnswering": ("encoder", swapformer.EncoderForQuestionAnswering),
+    **CACHED_CLASSES,
+}
+
+
+def lm_batch(arch, batch=3):
+    ids, mask = padded_batch(batch=batch, padding="left" if arch == "decoder" else "right")
+    labels = ids.masked_fill(mask == 0, -100)
+    out = dict(input_ids=ids, attention_mask=mask, labels=labels)
+    if arch == "seq2seq":
+        out["labels"] = labels[:, :5]
+    return out
+
+
+def tiny_llama():
+    torch.manual_seed(0)
+    config = LlamaConfig(
+        vocab_size=VOCAB,
+        hidden_size=32,
+        intermediate_size=48,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        pad_token_id=0,
+    )
+    return LlamaForCausalLM(config).eval()
+
+
+def generate_a_few(model, batch):
+    return model.generate(
+        input_ids=batch["input_ids"],
+        attention_mask=batch["attention_mask"],
+        max_new_tokens=4,
+        min_new_tokens=4,
+        do_sample=False,
+        pad_token_id=0,
+    )
+
+
+# generate() and the parameters under a user's optimizer (issue 10, items 5 and 2) -----------------
+
+
+def lora(model, arch, targets=("q_proj", "v_proj", "up_proj", "o_proj")):
+    from peft import LoraConfig, get_peft_model
+
+    task = "CAUSAL_LM" if arch == "decoder" else "SEQ_2_SEQ_LM"
+    return get_peft_model(model, LoraConfig(r=4, target_modules=list(targets), task_type=task))
+
+
+def parameter_layout(model):
+    return {n: (id(p), p.data_ptr(), p.stride(), p.is_inference()) for n, p in model.named_parameters()}
+
+
+def train_with_fused_adamw(arch, *, generate_midway: bool, use_lora: bool, steps=(3, 3)):
+    """Train `steps[0]` steps, optionally generate (eval mode), train `steps[1]` more; dropout 0."""
+    model = build(LM_CLASSES[arch], tiny_config(arch))
+    if use_lora:
+        model = lora(model, arch)
+    batch = lm_batch(arch)
+    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-2, fused=True)
+
+    def train(n):
+        model.train()
+        for _ in range(n):
+            model(**batch).loss.backward()
+            optimizer.step()
+            optimizer.zero_grad()
+
+    train(steps[0])
+    layout = parameter_layout(model)
+    if generate_midway:
+        model.eval()
+        generate_a_few(model, batch)
+    assert parameter_layout(model) == layout  # same objects, storage and strides
+    train(steps[1])
+    return {n: p.detach().clone() for n, p in model.named_parameters()}
+
+
+@pytest.mark.parametrize("use_lora", [False, True], ids=["full", "lora"])
+@pytest.mark.parametrize("arch", ["decoder", "seq2seq"])
+def test_generate_mid_training_leaves_fused_adamw_exact(arch, use_lora, report):
+    plain = train_with_fused_adamw(arch, generate_midway=False, use_lora=use_lora)
+    with_generate = train_with_fused_adamw(arch, generate_midway=True, use_lora=use_lora)
+    worst = max(max_diff(plain[n], with_generate[n]) for n in plain)
+    report(f"{arch} {'lora' if use_lora else 'full'}: max weight diff with / without generate", worst)
+    assert worst == 0.0
+
+
+def seq2seq_trainer_weights(tmp_path, predict_with_generate: bool):
+    """Seq2SeqTrainer with transformers' fused AdamW, evaluating (with or without generate) every 2 steps."""
+    from transformers import Seq2SeqTrainer, Seq2SeqTrainingArguments
+
+    model = build(swapformer.Seq2SeqForConditionalGeneration, tiny_config("seq2seq"))
+    batch = lm_batch("seq2seq")
+    rows = [{k: v[i] for k, v in batch.items()} for i in range(3)]
+    args = Seq2SeqTrainingArguments(
+        output_dir=str(tmp_path / str(predict_with_generate)),
+        per_device_train_batch_size=3,
+        per_device_eval_batch_size=3,
+        max_steps=6,
+        eval_strategy="steps",
+        eval_steps=2,
+        predict_with_generate=predict_with_generate,
+        generation_max_length=4,
+        optim="adamw_torch_fused",
+        learning_rate=1e-2,
+        use_cpu=True,
+        report_to="none",
+        save_strategy="no",
+        seed=0,
+    )
+    # with compute_metrics, evaluation makes predictions (generate() when predict_with_generate)
+    metrics = lambda prediction: {"n": float(len(prediction.predictions))}  # noqa: E731
+    Seq2SeqTrainer(
+        model=model, args=args, train_dataset=rows, eval_dataset=rows, compute_metrics=metrics
+    ).train()
+    return {n: p.detach().clone() for n, p in model.named_parameters()}
+
+
+def test_seq2seq_trainer_predict_with_generate_trains_as_without(tmp_path, report):
+    """The issue's case: Seq2SeqTrainer, predict_with_generate=True, transformers' fused AdamW."""
+    plain = seq2seq_trainer_weights(tmp_path, predict_with_generate=False)
+    generating = seq2seq_trainer_weights(tmp_path, predict_with_generate=True)
+    worst = max(max_diff(plain[n], generating[n]) for n in plain)
+    report("max weight diff, predict_with_generate True vs False", worst)
+    assert worst == 0.0
+
+
+@pytest.mark.parametrize("use_lora", [False, True], ids=["full", "lora"])
+@pytest.mark.parametrize("arch", ["decoder", "seq2seq"])
+def test_generate_under_inference_mode_then_train(arch, use_lora):
+    model = build(LM_CLASSES[arch], tiny_config(arch))
+    if use_lora:
+        model = lora(model, arch)
+    batch = lm_batch(arch)
+    with torch.inference_mode():
+        generate_a_few(model, batch)
+    inference = [n for n, p in model.named_parameters() if p.is_inference()]
+    assert not inference, f"inference tensors after generate: {inference[:5]}"
+    model.train()
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    before = [p.detach().clone() for p in trainable]
+    optimizer = torch.optim.AdamW(trainable, lr=1e-2)
+    model(**batch).loss.backward()
+    optimizer.step()
+    assert all(not torch.equal(b, p) for b, p in zip(before, trainable))
+
+
+# Loading with missing keys (item 3) --------------------------------------------------------------
+
+
+def saved_checkpoint(name, config_overrides, tmp_path):
+    arch, cls = ALL_CLASSES[name]
+    model = build(cls, tiny_config(arch, **config_overrides))
+    folder = tmp_path / name
+    model.save_pretrained(folder)
+    return cls, folder, load_file(os.path.join(folder, "model.safetensors"))
+
+
+def tied_and_shared_keys(keys):
+    return [k for k in keys if "embed_tokens" in k or "shared" in k or "lm_head" in k]
+
+
+def missing_subsets(keys):
+    keys = sorted(keys)
+    subsets = {"all": keys, "none": []}
+    for k in tied_and_shared_keys(keys):
+        subsets[k] = [k]
+    subsets["every third"] = keys[::3]
+    return subsets
+
+
+def check_initialised(model, saved, fresh):
+    """Loaded tensors hold the saved values; missing parameters the initialiser's (zeros for biases,
+    ones for norms, std initializer_range for matrices); buffers those of a model built afresh."""
+    config = model.config
+    fresh_buffers = dict(fresh.named_buffers())
+    for name, tensor in list(model.named_parameters()) + list(model.named_buffers()):
+        assert tensor.device.type == "cpu", f"{name} is on {tensor.device}"
+        assert torch.isfinite(tensor).all(), f"{name} holds non-finite values"
+        if name in saved:
+            assert torch.equal(tensor, saved[name]), f"{name} was loaded wrong"
+            continue
+        if name in fresh_buffers:
+            assert torch.equal(tensor, fresh_buffers[name]), f"buffer {name} differs from a fresh model's"
+            continue
+        if name.endswith("bias"):
+            assert not tensor.any(), f"{name}: a missing bias is initialised to zeros"
+        elif "norm" in name:
+            assert torch.all(tensor == 1), f"{name}: a missing norm weight is initialised to ones"
+        else:
+            std = float(tensor.detach().std())
+            assert 0.7 * config.initializer_range < std < 1.3 * config.initializer_range, f"{name}: std {std}"
+
+
+@pytest.mark.parametrize(
+    "name, overrides",
+    [(n, {}) for n in ALL_CLASSES]
+    + [
+        ("DecoderForCausalLM", {"tie_word_embeddings": False}),
+        ("Seq2SeqForConditionalGeneration", {"tie_word_embeddings": False}),
+        ("Seq2SeqForConditionalGeneration", {"shared_embeddings": False, "tie_word_embeddings": False}),
+        ("Seq2SeqModel", {"shared_embeddings": False}),
+        ("Seq2SeqForConditionalGeneration", {"position_embedding_type": "relative_bias"}),
+        ("EncoderForSequenceClassification", {"position_embedding_type": "rope", "type_vocab_size": 2}),
+    ],
+)
+def test_every_missing_weight_is_materialised_initialised_and_reported(name, overrides, tmp_path):
+    cls, folder, state = saved_checkpoint(name, overrides, tmp_path)
+    for label, dropped in missing_subsets(state).items():
+        kept = {k: v for k, v in state.items() if k not in dropped}
+        save_file(kept, os.path.join(folder, "model.safetensors"), metadata={"format": "pt"})
+        model, info = cls.from_pretrained(folder, output_loading_info=True)
+        assert set(dropped) <= set(info["missing_keys"]), (label, set(dropped) - set(info["missing_keys"]))
+        assert not set(info["missing_keys"]) & set(kept), label
+        check_initialised(model, kept, cls._from_config(copy.deepcopy(model.config)))
+        for target, source in model.all_tied_weights_keys.items():
+            assert model.get_parameter(target) is model.get_parameter(source), (label, target, source)
+        if getattr(model.config, "shared_embeddings", False):
+            base = getattr(model, "model", model)
+            assert base.encoder.embed_tokens.weight is base.shared.weight is base.decoder.embed_tokens.weight
+        ids, mask = padded_batch()
+        with torch.no_grad():
+            inputs = dict(input_ids=ids, attention_mask=mask)
+            if ALL_CLASSES[name][0] == "seq2seq":
+                inputs["decoder_input_ids"] = ids[:, :4]
+            out = model(**inputs)
+        assert all(torch.isfinite(v).all() for v in out.values() if torch.is_tensor(v)), label
+
+
+# Loss keyword arguments (item 9) -----------------------------------------------------------------
+
+
+def test_shift_labels_as_transformers_causal_lm_loss():
+    from transformers.loss.loss_utils import ForCausalLMLoss
+
+    model = build(swapformer.DecoderForCausalLM, tiny_config("decoder"))
+    batch = lm_batch("decoder")
+    labels = batch.pop("labels")
+    shift = torch.nn.functional.pad(labels, (0, 1), value=-100)[:, 1:].contiguous()
+    with torch.no_grad():
+        from_labels = model(**batch, labels=labels)
+        from_shift = model(**batch, shift_labels=shift)
+        both = model(**batch, labels=torch.full_like(labels, 5), shift_labels=shift)  # shift_labels wins
+        counted = model(**batch, shift_labels=shift, num_items_in_batch=torch.tensor(7))
+    reference = ForCausalLMLoss(from_labels.logits, None, VOCAB, shift_labels=shift)
+    torch.testing.assert_close(from_shift.loss, reference, rtol=0, atol=1e-6)
+    torch.testing.assert_close(from_labels.loss, reference, rtol=0, atol=1e-6)
+    torch.testing.assert_close(both.loss, reference, rtol=0, atol=1e-6)
+    summed = ForCausalLMLoss(from_labels.logits, None, VOCAB, shift_labels=shift, num_items_in_batch=7)
+    torch.testing.assert_close(counted.loss, summed, rtol=0, atol=1e-6)
+    with pytest.raises(ValueError, match="shift_labels"):
+        model(**batch, shift_labels=shift[:, :-1])
+
+
+# Cache argument names (item 10) ------------------------------------------------------------------
+
+
+def decode_inputs(arch, model):
+    """A prompt, a cache filled by it, and the next token's inputs (for a cache-reading forward)."""
+    ids, mask = padded_batch(batch=2, padding="left" if arch == "decoder" else "right")
+    with torch.no_grad():
+        cache = model(ids, attention_mask=mask, use_cache=True, **seq2seq_prompt(arch, ids)).cache
+    nxt = torch.tensor([[5], [6]])
+    if arch == "decoder":
+        step = dict(input_ids=nxt, attention_mask=torch.cat([mask, torch.ones(2, 1, dtype=mask.dtype)], 1))
+    else:
+        step = dict(input_ids=ids, attention_mask=mask, decoder_input_ids=nxt)
+    return cache, step
+
+
+def seq2seq_prompt(arch, ids):
+    return {"decoder_input_ids": ids[:, :3]} if arch == "seq2seq" else {}
+
+
+def first_output(out):
+    return out.logits if hasattr(out, "logits") else out.last_hidden_state
+
+
+def deprecation_messages(record):
+    return [str(w.message) for w in record if issubclass(w.category, FutureWarning)]
+
+
+def llama_message_for(old_name, class_name):
+    """The FutureWarning LlamaForCausalLM gives for past_key_values=, with the names swapped in."""
+    llama = tiny_llama()
+    ids = torch.tensor([[5, 6, 7]])
+    cache = llama(ids, use_cache=True).cache
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always")
+        llama(torch.tensor([[8]]), past_key_values=cache)
+    (message,) = deprecation_messages(record)
+    assert "LlamaForCausalLM.forward" in message and "`past_key_values`" in message
+    return message.replace("LlamaForCausalLM", class_name).replace("past_key_values", old_name)
+
+
+@pytest.mark.parametrize("old_name", ["past_key_values", "cache_params"])
+@pytest.mark.parametrize("name", list(CACHED_CLASSES))
+def test_old_cache_names_work_and_warn_as_llama(name, old_name):
+    arch, cls = CACHED_CLASSES[name]
+    model = build(cls, tiny_config(arch))
+    cache, step = decode_inputs(arch, model)
+    with torch.no_grad():
+        expected = first_output(model(**step, cache=copy.deepcopy(cache)))
+        with warnings.catch_warnings(record=True) as record:
+            warnings.simplefilter("always")
+            got = first_output(model(**step, **{old_name: copy.deepcopy(cache)}))
+    assert torch.equal(got, expected)
+    assert deprecation_messages(record) == [llama_message_for(old_name, cls.__name__)]
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("default")  # Python's default: once per call site
+        for _ in range(3):
+            model(**step, **{old_name: copy.deepcopy(cache)})
+    assert len(deprecation_messages(record)) == 1
+
+
+@pytest.mark.parametrize("name", list(CACHED_CLASSES))
+def test_two_cache_names_at_once_raise(name):
+    arch, cls = CACHED_CLASSES[name]
+    model = build(cls, tiny_config(arch))
+    cache, step = decode_inputs(arch, model)
+    for names in (
+        ("cache", "past_key_values"),
+        ("cache", "cache_params"),
+        ("past_key_values", "cache_params"),
+    ):
+        with pytest.raises(ValueError, match=f"`{names[1]}`.*`{names[0]}`|`{names[0]}`.*`{names[1]}`"):
+            model(**step, **{n: cache for n in names})
+
+
+@pytest.mark.parametrize("name", list(CACHED_CLASSES))
+def test_output_past_key_values_reads_cache_with_transformers_warning(name, caplog):
+    from transformers.utils import logging as hf_logging
+
+    arch, cls = CACHED_CLASSES[name]
+    model = build(cls, tiny_config(arch))
+    ids, mask = padded_batch(batch=2)
+    out = model(ids, attention_mask=mask, use_cache=True, **seq2seq_prompt(arch, ids))
+    assert isinstance(out.cache, DynamicCache) or hasattr(out.cache, "self_attention_cache")
+    hf_logging.get_logger("transformers.utils.generic").warning_once.cache_clear()
+    hf_logging.enable_propagation()
+    with caplog.at_level(logging.WARNING):
+        assert out.past_key_values is out.cache and out.cache_params is out.cache
+    hf_logging.disable_propagation()
+    assert "`past_key_values`/`cache_params` are deprecated. Use `cache` instead." in caplog.text
+
+
+def test_cache_position_is_accepted_as_llama_accepts_it():
+    """Llama (5.24) takes cache_position and computes the same logits; so does swapformer, and a
+    cache_position that disagrees with the cache is an error instead of being silently ignored."""
+    llama = tiny_llama()
+    model = build(swapformer.DecoderForCausalLM, tiny_config("decoder", position_embedding_type="rope"))
+    ids = torch.tensor([[5, 6, 7, 8]])
+    for m in (llama, model):
+        with torch.no_grad():
+            cache = m(ids[:, :3], use_cache=True).cache
+            expected = m(ids[:, 3:], cache=copy.deepcopy(cache)).logits
+            got = m(ids[:, 3:], cache=copy.deepcopy(cache), cache_position=torch.tensor([3])).logits
+            prefill = m(ids, cache_position=torch.arange(4)).logits
+        assert torch.equal(got, expected)
+        assert torch.equal(prefill, m(ids).logits)
+    with pytest.raises(ValueError, match="cache_position"):
+        model(ids[:, 3:], cache=copy.deepcopy(cache), cache_position=torch.tensor([7]))
+    # encoder-decoder: cache_position counts decoder tokens
+    seq2seq = build(swapformer.Seq2SeqForConditionalGeneration, tiny_config("seq2seq"))
+    with torch.no_grad():
+        cache = seq2seq(ids, decoder_input_ids=ids[:, :3], use_cache=True).cache
+        expected = seq2seq(ids, decoder_input_ids=ids[:, 3:], cache=copy.deepcopy(cache)).logits
+        got = seq2seq(
+            ids, decoder_input_ids=ids[:, 3:], cache=copy.deepcopy(cache), cache_position=torch.tensor([3])
+        )
+    assert torch.equal(got.logits, expected)
+    with pytest.raises(ValueError, match="cache_position"):
+        seq2seq(
+            ids, decoder_input_ids=ids[:, 3:], cache=copy.deepcopy(cache), cache_position=torch.tensor([0])
+        )
+
+
+@pytest.mark.parametrize(
+    "keep",
+    [0, 1, 3, torch.tensor([0, 2]), torch.tensor([[1, 3], [0, 4], [2, 2]]), "bool"],
+    ids=["0", "1", "3", "1d", "2d-int", "2d-bool"],
+)
+@pytest.mark.parametrize("arch", ["decoder", "seq2seq"])
+def test_logits_to_keep_as_llama(arch, keep):
+    model = build(LM_CLASSES[arch], tiny_config(arch))
+    llama = tiny_llama()
+    ids, mask = padded_batch(batch=3, length=6, padding="none")
+    if isinstance(keep, str):
+        keep = torch.rand(3, 6, generator=torch.Generator().manual_seed(0)) > 0.5
+    inputs = dict(input_ids=ids, decoder_input_ids=ids) if arch == "seq2seq" else dict(input_ids=ids)
+    with torch.no_grad():
+        full, kept = model(**inputs).logits, model(**inputs, logits_to_keep=keep).logits
+        llama_full, llama_kept = llama(ids).logits, llama(ids, logits_to_keep=keep).logits
+    assert max_diff(llama_kept, slice_logits_to_keep(llama_full, keep)) <= 1e-5  # the reference rule
+    assert kept.shape[:-1] == llama_kept.shape[:-1]
+    assert max_diff(kept, slice_logits_to_keep(full, keep)) <= 1e-5
+
+
+# Gradient checkpointing with a cache, seq2seq labels (item 21) -----------------------------------
+
+
+def gc_use_cache_warning(model, inputs, caplog):
+    from transformers.utils import logging as hf_logging
+
+    model.activation_checkpointing_enable()
+    model.train()
+    hf_logging.enable_propagation()
+    try:
+        with caplog.at_level(logging.WARNING):
+            caplog.clear()
+            out = model(**inputs, use_cache=True)
+    finally:
+        hf_logging.disable_propagation()
+    return out, caplog.text
+
+
+@pytest.mark.parametrize("arch", ["decoder", "seq2seq"])
+def test_checkpointing_with_use_cache_warns_as_llama(arch, caplog):
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.get_logger("transformers.utils.generic").warning_once.cache_clear()
+    _, llama_text = gc_use_cache_warning(tiny_llama(), dict(input_ids=torch.tensor([[5, 6, 7]])), caplog)
+    expected = "`use_cache=True` is incompatible with gradient checkpointing. Setting `use_cache=False`."
+    assert expected in llama_text
+    model = build(LM_CLASSES[arch], tiny_config(arch))
+    ids, mask = padded_batch()
+    out, text = gc_use_cache_warning(model, dict(input_ids=ids, **seq2seq_prompt(arch, ids)), caplog)
+    assert expected in text
+    assert out.cache is None
+
+
+def test_seq2seq_labels_outside_the_vocabulary_are_named_labels():
+    model = build(swapformer.Seq2SeqForConditionalGeneration, tiny_config("seq2seq"))
+    ids, mask = padded_batch()
+    labels = ids[:, :5].clone()
+    labels[0, 2] = VOCAB + 3
+    with pytest.raises(ValueError) as error:
+        model(ids, attention_mask=mask, labels=labels)
+    message = str(error.value)
+    assert "labels" in message and f"{VOCAB + 3}" in message and "decoder_input_ids" not in message
+    labels[0, 2] = -5  # only -100 marks ignored positions
+    with pytest.raises(ValueError, match="labels"):
+        model(ids, attention_mask=mask, labels=labels)
