@@ -335,8 +335,14 @@ class StackMixin:
     ):
         """Query positions (B, T), key positions (B, P + T) and the packed sequences of this forward
         (None when each row holds one). Packed rows restart their positions, for keys too (ALiBi and
-        T5 distances, global tokens); a cache that receives them is marked so it is never extended."""
-        if cache is not None:
+        T5 distances, global tokens); a cache that receives them is marked so it is never extended.
+
+        Under torch.compile every row with `position_ids` counts as packed (whether it is would depend
+        on the data), so there the cache is neither marked nor checked: generate() passes position_ids
+        at every step of a compiled model. A compiled generate() from really packed prompts is the one
+        case this cannot refuse (README: packed sequences)."""
+        tracing = torch.compiler.is_compiling()
+        if cache is not None and not tracing:
             check_cache_not_packed(cache, past, prefix)
         packing = find_packed_sequences(
             batch=batch,
@@ -355,7 +361,7 @@ class StackMixin:
             position_ids = position_ids.view(-1, length).expand(batch, length).to(device)
         if (key_valid is None and isinstance(past, int) and past == 0) or packing is not None:
             key_pos = position_ids
-        if packing is not None and cache is not None:
+        if packing is not None and cache is not None and not tracing:
             mark_cache_packed(cache)
         return position_ids, key_pos, packing
 

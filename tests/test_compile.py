@@ -149,6 +149,26 @@ def test_generate_static_cache_compiled_fullgraph(arch, attn, backend, report):
     assert diff <= TOL
 
 
+@pytest.mark.parametrize("arch", ["decoder", "seq2seq"])
+def test_compiled_forward_generates_with_a_dynamic_cache(arch, report):
+    """A compiled forward (torch.compile(model.forward), the common recipe) with generate()'s dynamic
+    cache: generate passes position_ids at every step, which a traced forward cannot tell from packed
+    rows; the cache must still be extended (regression: the prefill marked it as packed)."""
+    torch._dynamo.reset()
+    config = tiny_config(arch, position_embedding_type="rope", num_key_value_heads=2)
+    model = build(LM_CLASSES[arch], config, attn="sdpa")
+    ids, mask = padded_batch(batch=2, length=7, padding="none" if arch == "seq2seq" else "left")
+    kw = dict(attention_mask=mask, max_new_tokens=4, do_sample=False, pad_token_id=0)
+    kw.update(return_dict_in_generate=True, output_scores=True)
+    want = model.generate(ids, **kw)
+    model.forward = torch.compile(model.forward, backend="aot_eager")
+    got = model.generate(ids, **kw)
+    assert torch.equal(got.sequences, want.sequences)
+    diff = max(max_diff(a, b) for a, b in zip(got.scores, want.scores))
+    report("compiled forward, dynamic cache vs eager scores", diff)
+    assert diff <= TOL
+
+
 @pytest.mark.parametrize("rope_type", ["dynamic", "yarn"])
 def test_compile_fullgraph_with_rope_scaling(rope_type, report):
     """transformers' RoPE init functions run inside the graph (dynamic NTK reads the positions)."""
