@@ -171,28 +171,38 @@ class DecodingWeights:
     Skipped: subclassed or quantized layers, weights off the CPU or on meta, modules with an
     Accelerate hook (offloading swaps their weights itself), the encoder of an encoder-decoder (it
     runs once per prompt) and cross-attention keys/values (computed once, then cached).
-    `model.decoding_copies` chooses: "all" (default), "lm_head" (the largest gain per byte) or
-    "none" (no extra memory, the speed of the Parameters' layout). Copies that would take more than
-    half of the memory available are cut down to the head, or to nothing, with a warning.
-    Concurrent generate() calls on one model share one set of copies (counted under a lock).
+    `model.decoding_copies` chooses: "auto" (default: "all" where the copies pay for themselves, see
+    `worth_copying`, else "none"), "all", "lm_head" (the largest gain per byte) or "none" (no extra
+    memory, the speed of the Parameters' layout). Copies that would take more than half of the memory
+    available are cut down to the head, or to nothing, with a warning. Concurrent generate() calls on
+    one model share one set of copies (counted under a lock; the first call's choice holds).
     """
 
-    CHOICES = ("all", "lm_head", "none")
+    CHOICES = ("auto", "all", "lm_head", "none")
+    # Measured (README, generation benchmark): the input-major layout makes a (rows, in) x (in, out)
+    # product faster only for 1 or 2 rows per step (the 50257 x 768 head: 0.54x and 0.47x the time;
+    # 4 rows and more: 0.9-0.96x, and a 3072 x 768 MLP matrix 1.2x slower), and one call's copying
+    # (41-111 ms) was repaid after 11 (Llama), 17 (BART) and 26 (GPT-2) new tokens.
+    MAX_ROWS = 2
+    MIN_NEW_TOKENS = 32
+
+    @classmethod
+    def worth_copying(cls, rows: int, new_tokens: int) -> bool:
+        """Whether "auto" copies: few rows per decoding step and enough steps to repay the copying."""
+        return rows <= cls.MAX_ROWS and new_tokens >= cls.MIN_NEW_TOKENS
+
     _lock = threading.Lock()
 
-    def __init__(self, model: nn.Module):
-        self.model, self.users, self.lent = model, 0, []  # lent: (module, original Parameter)
+    def __init__(self, model: nn.Module, choice: str | None = None):
+        self.model, self.choice, self.users, self.lent = model, choice, 0, []  # lent: (module, Parameter)
 
     @staticmethod
     def candidates(model: nn.Module, choice: str | None = None) -> list[nn.Linear]:
         """The plain CPU `nn.Linear`s read at every decoding step with at least as many outputs as
         inputs, as far as `choice` (default `model.decoding_copies`) allows."""
-        choice = getattr(model, "decoding_copies", "all") if choice is None else choice
-        if choice not in DecodingWeights.CHOICES:
-            raise ValueError(
-                f"decoding_copies={choice!r}; choose one of {DecodingWeights.CHOICES} (what generate() copies "
-                "input-major for faster CPU decoding)"
-            )
+        choice = check_decoding_copies(
+            getattr(model, "decoding_copies", "auto") if choice is None else choice
+        )
         if choice == "none":
             return []
         skip = set()
@@ -223,7 +233,7 @@ class DecodingWeights:
 
     def plan(self) -> list[nn.Linear]:
         """The candidates, cut down when their copies would take over half the available memory."""
-        modules = self.candidates(self.model)
+        modules = self.candidates(self.model, self.choice)
         free = available_memory_bytes()
         if free is None or self.size(modules) <= free // 2:
             return modules
@@ -253,12 +263,13 @@ class DecodingWeights:
 
     @classmethod
     @contextlib.contextmanager
-    def during(cls, model: nn.Module):
-        """Lend the copies to `model` inside the block (shared by overlapping calls)."""
+    def during(cls, model: nn.Module, choice: str | None = None):
+        """Lend the copies (`choice`, default `model.decoding_copies`) to `model` inside the block
+        (shared by overlapping calls)."""
         with cls._lock:
             lease = model.__dict__.get("_decoding_weights")
             if lease is None:
-                lease = cls(model)
+                lease = cls(model, choice)
                 try:
                     lease.lend()
                 except BaseException:
@@ -298,11 +309,48 @@ def available_memory_bytes() -> int | None:
 class SwapformerGenerationMixin(GenerationMixin):
     """transformers' generate(), decoding on input-major copies of the CPU weights (`DecodingWeights`)."""
 
-    decoding_copies: str = "all"  # or "lm_head", "none": see DecodingWeights
+    decoding_copies: str = "auto"  # or "all", "lm_head", "none": see DecodingWeights
 
     def generate(self, *args, **kwargs):
-        with DecodingWeights.during(self):
+        choice = check_decoding_copies(self.decoding_copies)
+        if choice == "auto":
+            choice = "all" if DecodingWeights.worth_copying(*self._decoding_shape(args, kwargs)) else "none"
+        with DecodingWeights.during(self, choice):
             return super().generate(*args, **kwargs)
+
+    def _decoding_shape(self, args, kwargs) -> tuple[int, int]:
+        """(rows per decoding step, new tokens at most) of a generate() call, from its arguments and
+        generation config as generate() resolves them (arguments override the config)."""
+        config = kwargs.get("generation_config") or self.generation_config
+
+        def option(name, default):
+            value = kwargs.get(name, getattr(config, name, None))
+            return default if value is None else value
+
+        inputs = (
+            args[0]
+            if args
+            else next(
+                (kwargs[k] for k in ("input_ids", "inputs", "inputs_embeds") if kwargs.get(k) is not None),
+                None,
+            )
+        )
+        batch = inputs.shape[0] if torch.is_tensor(inputs) else 1
+        rows = batch * max(option("num_beams", 1), option("num_return_sequences", 1))
+        new_tokens = kwargs.get("max_new_tokens", getattr(config, "max_new_tokens", None))
+        if new_tokens is None:
+            prompt = 0 if self.config.is_encoder_decoder or not torch.is_tensor(inputs) else inputs.shape[1]
+            new_tokens = option("max_length", 20) - prompt
+        return rows, new_tokens
+
+
+def check_decoding_copies(choice) -> str:
+    if choice not in DecodingWeights.CHOICES:
+        raise ValueError(
+            f"decoding_copies={choice!r}; choose one of {DecodingWeights.CHOICES} (what generate() copies "
+            "input-major for faster CPU decoding)"
+        )
+    return choice
 
 
 def finish_output(config, output, return_dict: bool | None):

@@ -322,6 +322,7 @@ def test_decoding_copies_are_lent_for_generate_only(arch, tied, monkeypatch):
     matrix-vector products on CPU), lent to the modules for the call only: the same tokens and
     logits as decoding on the Parameters, which stay the same objects, contiguous and tied."""
     model = lm(arch, position_embedding_type="rope", tie_word_embeddings=tied)
+    model.decoding_copies = "all"  # "auto" would not copy for these short, batched calls
     ids, mask = prompts(arch)
     params = {n: (p, p.data_ptr(), p.stride()) for n, p in model.named_parameters()}
     seen = {}
@@ -355,7 +356,7 @@ def test_decoding_copies_are_lent_for_generate_only(arch, tied, monkeypatch):
     assert {n: (p, p.data_ptr(), p.stride()) for n, p in model.named_parameters()} == params
     assert (model.lm_head.weight is model.get_input_embeddings().weight) == tied
     assert "_decoding_weights" not in model.__dict__
-    monkeypatch.setattr(DecodingWeights, "candidates", staticmethod(lambda model: iter(())))
+    monkeypatch.setattr(DecodingWeights, "candidates", staticmethod(lambda model, choice=None: []))
     plain = model.generate(ids, **options)
     assert torch.equal(out.sequences, plain.sequences)
     assert max(max_diff(a, b) for a, b in zip(out.logits, plain.logits)) <= TOLERANCE
@@ -383,6 +384,7 @@ def test_decoding_copies_can_be_limited_and_fit_in_memory(monkeypatch, caplog):
     from transformers.utils import logging as hf_logging
 
     model = lm("decoder", tie_word_embeddings=False)
+    model.decoding_copies = "all"
     ids, mask = prompts("decoder")
     everything = copied_weights(model, ids, mask)
     assert "lm_head" in everything and len(everything) > 1
@@ -405,12 +407,40 @@ def test_decoding_copies_can_be_limited_and_fit_in_memory(monkeypatch, caplog):
     assert copied_weights(model, ids, mask) == set()
 
 
+def test_auto_copies_only_where_they_pay(monkeypatch):
+    """The default "auto": copies for 1-2 rows per decoding step and at least MIN_NEW_TOKENS new
+    tokens (where the measured gain repays the copying), none for batches, beams or short calls."""
+    model = lm("decoder", tie_word_embeddings=False)
+    assert model.decoding_copies == "auto"
+    ids, mask = prompts("decoder")
+    lent = []
+    real_during = DecodingWeights.during
+    monkeypatch.setattr(
+        DecodingWeights,
+        "during",
+        classmethod(lambda cls, m, choice=None: (lent.append(choice), real_during(m, choice))[1]),
+    )
+    long = DecodingWeights.MIN_NEW_TOKENS
+    calls = [
+        (ids[:1], dict(max_new_tokens=long), "all"),
+        (ids[:2], dict(max_new_tokens=long), "all"),
+        (ids[:1], dict(max_new_tokens=long - 1), "none"),
+        (ids[:3], dict(max_new_tokens=long), "none"),
+        (ids[:1], dict(max_new_tokens=long, num_beams=3), "none"),
+        (ids[:1], dict(max_length=ids.shape[1] + long), "all"),
+    ]
+    for prompt, options, _ in calls:
+        model.generate(prompt, attention_mask=mask[: len(prompt)], do_sample=False, pad_token_id=0, **options)
+    assert lent == [want for _, _, want in calls]
+
+
 def test_overlapping_generate_calls_share_the_copies_and_hand_back_the_parameters():
     """Serving threads generating on one model: the copies are lent once and the Parameters come
     back when the last call ends, even when the first one fails."""
     import threading
 
     model = lm("decoder", position_embedding_type="rope")
+    model.decoding_copies = "all"
     ids, mask = prompts("decoder")
     params = {n: p for n, p in model.named_parameters()}
     options = dict(attention_mask=mask, max_new_tokens=6, min_new_tokens=6, do_sample=False, pad_token_id=0)
