@@ -126,7 +126,7 @@ def check_source(model_type: str | None, config=None) -> None:
 
 def _int(name: str, value, minimum: int) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ValueError(f"{_arg(name, value)} must be an integer >= {minimum}")
+        raise ConversionError(f"{_arg(name, value)} must be an integer >= {minimum}")
 
 
 def long_config_values(config, settings: LongSettings) -> dict:
@@ -135,14 +135,14 @@ def long_config_values(config, settings: LongSettings) -> dict:
 
     Returns {max_position_embeddings, layer_types, sliding_window, global_tokens}.
     Raises:
-        ValueError: a value out of range, or settings that contradict each other.
+        ConversionError (a ValueError): a value out of range, or settings that contradict each other.
     """
     source_length = config.max_position_embeddings
     max_length = source_length if settings.max_length is None else settings.max_length
     if settings.max_length is not None:
         _int("max_length", settings.max_length, 1)
         if max_length < source_length:
-            raise ValueError(
+            raise ConversionError(
                 f"{_arg('max_length', max_length)} is shorter than the source's {source_length} learned positions; "
                 f"pass at least {source_length} (Longformer: 4096 from 512), or leave it out to keep {source_length}"
             )
@@ -155,13 +155,13 @@ def long_config_values(config, settings: LongSettings) -> dict:
     else:
         layer_types = list(layer_types)
         if len(layer_types) != n:
-            raise ValueError(
+            raise ConversionError(
                 f"{_arg('layer_types', layer_types)} lists {len(layer_types)} layer types but the model has "
                 f"{n} layers; give one name for all of them or a list of {n}"
             )
     for name in layer_types:
         if name not in LAYER_TYPES:
-            raise ValueError(
+            raise ConversionError(
                 f"{_arg('layer_types', settings.layer_types)}: {name!r} is not a layer type; choose from "
                 f"{', '.join(LAYER_TYPES)}"
             )
@@ -170,16 +170,16 @@ def long_config_values(config, settings: LongSettings) -> dict:
     if settings.window is not None:
         _int("window", settings.window, 1)
         if not windowed:
-            raise ValueError(
+            raise ConversionError(
                 f"{_arg('window', settings.window)} has no layer to apply to: every layer is full_attention; add "
                 "--layer-types sliding_global_attention (layer_types='sliding_global_attention') or drop the window"
             )
     if windowed and window is None:
-        raise ValueError(
+        raise ConversionError(
             f"layer_types {windowed[0]!r} needs a window width: pass --window (window=), e.g. --window 512"
         )
     if windowed and window >= max_length:
-        raise ValueError(
+        raise ConversionError(
             f"{_arg('window', window)} is not smaller than the {max_length} positions of the long model, so "
             f"the window never cuts anything; pass a smaller window or a larger --max-length (max_length=)"
         )
@@ -187,13 +187,13 @@ def long_config_values(config, settings: LongSettings) -> dict:
     if settings.global_tokens is not None:
         _int("global_tokens", settings.global_tokens, 0)
         if settings.global_tokens and not any(t in PATTERNED for t in layer_types):
-            raise ValueError(
+            raise ConversionError(
                 f"{_arg('global_tokens', settings.global_tokens)} has no layer to apply to: only "
                 f"{' and '.join(PATTERNED)} layers read global tokens; pass --layer-types "
                 "sliding_global_attention (layer_types='sliding_global_attention') or drop --global-tokens"
             )
         if settings.global_tokens >= max_length:
-            raise ValueError(
+            raise ConversionError(
                 f"{_arg('global_tokens', settings.global_tokens)} must be smaller than the {max_length} "
                 "positions of the model (Longformer makes the first token, [CLS], global: 1)"
             )
@@ -235,22 +235,23 @@ def stretch_model(model, settings: LongSettings, *, share: bool = False):
     return long.train(model.training)
 
 
-def _load_any(path: str | os.PathLike):
+def _load_any(path: str | os.PathLike, settings: LongSettings):
     """A swapformer encoder from a folder: a swapformer folder as it is, a BERT/RoBERTa folder converted
-    in memory."""
+    in memory. `settings` are checked against the folder's config before any weight is read."""
     import transformers
 
     from .. import modeling, register
+    from . import FAMILIES, from_hf_model
+    from .checkpoint import architectures_for
 
     register()
     config = transformers.AutoConfig.from_pretrained(path)
     check_source(config.model_type, config)
     arch = (config.architectures or [None])[0]
     if config.model_type == "swapformer_encoder":
+        long_config_values(config, settings)
         return getattr(modeling, arch or "EncoderModel").from_pretrained(path)
-    from . import FAMILIES, from_hf_model
-    from .checkpoint import architectures_for
-
+    long_config_values(FAMILIES[config.model_type].config_from_hf(config), settings)
     archs = architectures_for(FAMILIES[config.model_type], config)
     arch = arch or next(iter(archs))
     if arch not in archs:
@@ -287,7 +288,7 @@ def stretch(
     """
     settings = LongSettings(max_length, layer_types, window, global_tokens)
     if isinstance(model_or_path, (str, os.PathLike)):
-        return stretch_model(_load_any(model_or_path), settings, share=True)
+        return stretch_model(_load_any(model_or_path, settings), settings, share=True)
     config = getattr(model_or_path, "config", None)
     if config is None:
         raise TypeError(f"stretch() takes a model or a folder path, got {type(model_or_path).__name__}")
