@@ -32,24 +32,20 @@ from .rules import ConversionError
 
 # Families whose position table can be copied: bidirectional encoders with learned absolute positions.
 ENCODER_FAMILIES = ("bert", "roberta")
+_ROPE = (
+    "{} has RoPE positions and no position table to copy; to extend its context, convert without these "
+    "flags and load the converted folder with RoPE scaling, e.g. from_pretrained(out, rope_parameters="
+    "{{'rope_type': 'yarn', 'factor': 4.0, 'original_max_position_embeddings': N, 'rope_theta': the source's}}, "
+    "max_position_embeddings=4 * N)"
+)
 # Why the others cannot, and what to do instead.
 NOT_STRETCHABLE = {
     "gpt2": (
         "gpt2 is a causal decoder: copying its learned position table (Longformer's recipe, made for "
         "bidirectional encoders) gives it positions it never learned to continue from"
     ),
-    "llama": (
-        "llama has RoPE positions and no position table to copy; to extend its context, convert without "
-        "these flags and load the folder with RoPE scaling, e.g. from_pretrained(out, rope_parameters="
-        "{'rope_type': 'yarn', 'factor': 4.0, 'original_max_position_embeddings': N}, "
-        "max_position_embeddings=4 * N)"
-    ),
-    "mistral": (
-        "mistral has RoPE positions and no position table to copy; to extend its context, convert without "
-        "these flags and load the folder with RoPE scaling, e.g. from_pretrained(out, rope_parameters="
-        "{'rope_type': 'yarn', 'factor': 4.0, 'original_max_position_embeddings': N}, "
-        "max_position_embeddings=4 * N)"
-    ),
+    "llama": _ROPE.format("llama"),
+    "mistral": _ROPE.format("mistral"),
     "t5": (
         "t5 has a relative position bias and no table of absolute positions: it already runs on longer "
         "inputs as it is"
@@ -102,18 +98,19 @@ def parse_layer_types(text: str) -> str | list[str]:
 
 
 def check_source(model_type: str | None, config=None) -> None:
-    """Refuse a source family whose positions cannot be stretched, saying what to do instead."""
+    """Refuse a source whose positions cannot be stretched, saying what to do instead (`config`: a
+    swapformer encoder's, whose position type decides)."""
     if model_type in ENCODER_FAMILIES:
         return
-    if model_type in ("swapformer_decoder", "swapformer_seq2seq"):
-        reason = f"{model_type} is not an encoder; only encoders with learned positions stretch"
-    elif model_type == "swapformer_encoder" and config is not None:
+    if model_type == "swapformer_encoder" and config is not None:
+        if config.position_embedding_type == "learned":
+            return
         reason = (
             f"this encoder has position_embedding_type={config.position_embedding_type!r}; only learned "
             "position tables are copied"
         )
-        if config.position_embedding_type == "learned":
-            return
+    elif model_type in ("swapformer_decoder", "swapformer_seq2seq"):
+        reason = f"{model_type} is not an encoder; only encoders with learned positions stretch"
     else:
         reason = NOT_STRETCHABLE.get(
             model_type, f"model_type={model_type!r} has no conversion (supported encoders: bert, roberta)"
