@@ -341,8 +341,9 @@ def _card(report: ConversionReport, direction: str, tolerance: float) -> str:
         )
     else:
         load = f'from transformers import {report.target_class}\nmodel = {report.target_class}.from_pretrained("{name}")'
-    long = ""
+    long = copied = ""
     if report.long:
+        copied = ", the position table copied (below)"
         v = report.long
         kinds = sorted(set(v["layer_types"]))
         long = f"""
@@ -360,7 +361,7 @@ tags: [swapformer, converted]
 # {Path(report.output).name}
 
 `{report.source_class}` (model_type `{report.family}`) from `{report.source}`, converted {direction} as
-`{report.target_class}` by `swapformer convert`. The weights are the source's, renamed and reshaped only.
+`{report.target_class}` by `swapformer convert`. The weights are the source's, renamed and reshaped only{copied}.
 {long}
 Verified after writing: both folders loaded again and run in fp32 on one batch of two sequences of
 {report.tokens} tokens, the second right-padded; max abs diff on real tokens (tolerance {tolerance:g}):

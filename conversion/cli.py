@@ -53,7 +53,12 @@ def add_subcommand(subparsers) -> None:
         "Verified on inputs as long as the window, where the outputs must equal the source's; a "
         "sentence-transformers max_seq_length and the tokenizer's model_max_length become --max-length.",
     )
-    long.add_argument("--max-length", type=int, help="rows of the new position table (at least the source's)")
+    long.add_argument(
+        "--max-length",
+        type=int,
+        help="the longest input in tokens: rows of the new position table, at least the source's (RoBERTa: not "
+        "counting its 2 padding-offset rows; Longformer: 4096)",
+    )
     long.add_argument(
         "--layer-types",
         type=parse_layer_types,

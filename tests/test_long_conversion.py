@@ -322,7 +322,8 @@ def test_minilm_long_and_sentence_transformers(tmp_path, report):
         model = sentence_transformers.SentenceTransformer(
             str(tmp_path / name), device="cpu", trust_remote_code=True
         )
-        assert model.max_seq_length == length
+        assert model.max_seq_length == length  # from sentence_bert_config.json
+        assert [type(m).__name__ for m in model] == [type(m).__name__ for m in original]  # from modules.json
         assert type(model[0].auto_model).__name__ == "EncoderModel"
         cos = torch.nn.functional.cosine_similarity(model.encode(SENTENCES, convert_to_tensor=True), expected)
         report(f"MiniLM {name}: SentenceTransformer cosine (min)", float(cos.min()))
