@@ -126,6 +126,8 @@ def test_stretch_takes_a_model_or_a_folder_and_leaves_the_source(tmp_path):
     converted = swapformer.conversion.from_hf_model(hf, swapformer.EncoderForMaskedLM)
     before = {k: v.clone() for k, v in converted.state_dict().items()}
     from_ours = stretch(converted, **settings)
+    converted.save_pretrained(tmp_path / "ours")
+    from_our_folder = stretch(tmp_path / "ours", **settings)
     assert all(torch.equal(v, converted.state_dict()[k]) for k, v in before.items())  # unchanged
     assert (
         converted.config.max_position_embeddings == 40
@@ -134,7 +136,7 @@ def test_stretch_takes_a_model_or_a_folder_and_leaves_the_source(tmp_path):
     ids, mask = random_batch(100, 97, pad_id=0)
     with torch.no_grad():
         expected = from_ours(input_ids=ids, attention_mask=mask).logits
-        for model in (from_folder, from_hf):
+        for model in (from_folder, from_hf, from_our_folder):
             assert type(model) is swapformer.EncoderForMaskedLM
             assert model.config.max_position_embeddings == 100 and model.config.sliding_window == 12
             assert model.lm_head.decoder.weight is model.model.embed_tokens.weight  # still tied
@@ -148,16 +150,22 @@ def test_stretch_takes_a_model_or_a_folder_and_leaves_the_source(tmp_path):
     assert torch.equal(converted.model.embed_tokens.weight, before["model.embed_tokens.weight"])
 
 
-def test_dense_stretch_converts_back_and_windowed_is_refused(tmp_path):
-    src = save_source(T.BertModel, bert_config(), tmp_path / "src")
+@pytest.mark.parametrize("family", ["bert", "roberta"])
+def test_dense_stretch_converts_back_and_windowed_is_refused(family, tmp_path):
+    """A long model with full attention is a BERT/RoBERTa with a longer table (RoBERTa's: 2 offset rows
+    + 64, the offset rows given back from the unused-weights file); a windowed one is not."""
+    cls, make_config, offset = {"bert": (T.BertModel, bert_config, 0), "roberta": (T.RobertaModel, roberta_config, 2)}[family]  # fmt: skip
+    src = save_source(cls, make_config(), tmp_path / "src")
     convert(src, tmp_path / "dense", max_length=64, **QUIET)
     convert(tmp_path / "dense", tmp_path / "back", to_hf=True, **QUIET)
-    back = T.BertModel.from_pretrained(tmp_path / "back")
-    source = T.BertModel.from_pretrained(src).embeddings.position_embeddings.weight
-    assert torch.equal(back.embeddings.position_embeddings.weight, source[torch.arange(64) % 40])
+    back = cls.from_pretrained(tmp_path / "back").embeddings.position_embeddings.weight
+    source = cls.from_pretrained(src).embeddings.position_embeddings.weight
+    assert back.shape[0] == 64 + offset
+    assert torch.equal(back[:offset], source[:offset])
+    assert torch.equal(back[offset:], source[offset + torch.arange(64) % 40])
 
     convert(src, tmp_path / "long", max_length=64, window=8, **LONG, **QUIET)
-    with pytest.raises(ConversionError, match=r"sliding_global_attention.*which bert cannot express"):
+    with pytest.raises(ConversionError, match=f"sliding_global_attention.*which {family} cannot express"):
         convert(tmp_path / "long", tmp_path / "back2", to_hf=True, **QUIET)
     assert not (tmp_path / "back2").exists()
 
