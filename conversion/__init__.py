@@ -3,7 +3,7 @@ conversion with verification (`convert`, the `swapformer convert` command)."""
 
 from __future__ import annotations
 
-from . import bart, bert, gpt2, llama, mistral, roberta, t5
+from . import bart, bert, big_bird, gpt2, llama, longformer, mistral, roberta, t5
 from .checkpoint import (
     TOLERANCE,
     ConversionReport,
@@ -25,6 +25,8 @@ from .rules import (
 FAMILIES = {
     "bert": bert,
     "roberta": roberta,
+    "longformer": longformer,
+    "big_bird": big_bird,
     "gpt2": gpt2,
     "llama": llama,
     "mistral": mistral,

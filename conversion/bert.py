@@ -111,7 +111,7 @@ def encoder_config(hf, **fields) -> EncoderConfig:
         mlp_bias=True,
         hidden_dropout=hf.hidden_dropout_prob,
         attention_dropout=hf.attention_probs_dropout_prob,
-        classifier_dropout=hf.classifier_dropout,
+        classifier_dropout=getattr(hf, "classifier_dropout", None),  # Longformer has none
         initializer_range=hf.initializer_range,
         pad_token_id=hf.pad_token_id,
         tie_word_embeddings=True,

@@ -270,10 +270,16 @@ def _diff(a: torch.Tensor, b: torch.Tensor, mask: torch.Tensor | None) -> float:
 
 
 @torch.no_grad()
-def compare(reference, candidate, config, pad_token_id: int | None) -> tuple[dict[str, float], int]:
-    """Run two models on the same padded batch; max abs diffs of hidden states and logits."""
+def compare(
+    reference, candidate, config, pad_token_id: int | None, inputs_for: Callable | None = None
+) -> tuple[dict[str, float], int]:
+    """Run two models on the same padded batch; max abs diffs of hidden states and logits.
+    `inputs_for(config, inputs)`, a family's `verification_inputs`, adds what the family reads
+    besides tokens and padding (Longformer's `global_attention_mask`)."""
     seq2seq = bool(getattr(config, "is_encoder_decoder", False))
     inputs, masks = _batch(config, pad_token_id, seq2seq)
+    if inputs_for is not None:
+        inputs = inputs_for(config, inputs)
     a = reference(**inputs, output_hidden_states=True, return_dict=True)
     b = candidate(**inputs, output_hidden_states=True, return_dict=True)
     diffs = {}
@@ -285,7 +291,7 @@ def compare(reference, candidate, config, pad_token_id: int | None) -> tuple[dic
             a.decoder_hidden_states[-1], b.decoder_hidden_states[-1], masks["decoder"]
         )
     else:
-        base_inputs = {k: inputs[k] for k in ("input_ids", "attention_mask")}
+        base_inputs = {k: inputs[k] for k in ("input_ids", "attention_mask", "global_attention_mask") if k in inputs}
         ha = reference.base_model(**base_inputs, return_dict=True).last_hidden_state
         hb = candidate.base_model(**base_inputs, return_dict=True).last_hidden_state
         diffs["hidden states"] = _diff(ha, hb, masks["encoder"])
@@ -584,19 +590,20 @@ def _from_hf(src: Path, tmp: Path, *, use_safetensors: bool, log) -> ConversionR
     _copy_side_files(src, tmp)
     pad_token_id = source_model.config.pad_token_id
     del model, source_model, source, state, aside
-    diffs, tokens = _verify(hf_class, src, _auto_class(target_class), tmp, pad_token_id, use_safetensors)
+    diffs, tokens = _verify(hf_class, src, _auto_class(target_class), tmp, pad_token_id, use_safetensors, module)
     return ConversionReport(
         str(src), str(tmp), hf_config.model_type, arch, target_class.__name__, diffs, tokens
     )
 
 
-def _verify(source_class, src: Path, target_class, tmp: Path, pad_token_id, use_safetensors: bool):
+def _verify(source_class, src: Path, target_class, tmp: Path, pad_token_id, use_safetensors: bool, module):
     """Both folders loaded afresh from disk in fp32 (nothing shared with the tensors just written),
     run on the same batch; the batch is sized by the swapformer side's config."""
     reference = _load(source_class, src, dtype=torch.float32, use_safetensors=use_safetensors)
     candidate = _load(target_class, tmp, dtype=torch.float32)
     swapformer_side = candidate if candidate.config.model_type in SWAPFORMER_TYPES else reference
-    return compare(reference, candidate, swapformer_side.config, pad_token_id)
+    inputs_for = getattr(module, "verification_inputs", None)
+    return compare(reference, candidate, swapformer_side.config, pad_token_id, inputs_for)
 
 
 def _targets(rules, key: str) -> tuple[str, ...]:
@@ -733,5 +740,5 @@ def _to_hf(src: Path, tmp: Path, *, use_safetensors: bool, log) -> ConversionRep
 
     pad_token_id = hf_config.pad_token_id
     del source_model, state, hf_state
-    diffs, tokens = _verify(target_class, src, hf_class, tmp, pad_token_id, use_safetensors)
+    diffs, tokens = _verify(target_class, src, hf_class, tmp, pad_token_id, use_safetensors, module)
     return ConversionReport(str(src), str(tmp), origin["model_type"], ours, arch, diffs, tokens)
