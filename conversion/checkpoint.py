@@ -291,7 +291,9 @@ def compare(
             a.decoder_hidden_states[-1], b.decoder_hidden_states[-1], masks["decoder"]
         )
     else:
-        base_inputs = {k: inputs[k] for k in ("input_ids", "attention_mask", "global_attention_mask") if k in inputs}
+        base_inputs = {
+            k: inputs[k] for k in ("input_ids", "attention_mask", "global_attention_mask") if k in inputs
+        }
         ha = reference.base_model(**base_inputs, return_dict=True).last_hidden_state
         hb = candidate.base_model(**base_inputs, return_dict=True).last_hidden_state
         diffs["hidden states"] = _diff(ha, hb, masks["encoder"])
@@ -590,7 +592,9 @@ def _from_hf(src: Path, tmp: Path, *, use_safetensors: bool, log) -> ConversionR
     _copy_side_files(src, tmp)
     pad_token_id = source_model.config.pad_token_id
     del model, source_model, source, state, aside
-    diffs, tokens = _verify(hf_class, src, _auto_class(target_class), tmp, pad_token_id, use_safetensors, module)
+    diffs, tokens = _verify(
+        hf_class, src, _auto_class(target_class), tmp, pad_token_id, use_safetensors, module
+    )
     return ConversionReport(
         str(src), str(tmp), hf_config.model_type, arch, target_class.__name__, diffs, tokens
     )

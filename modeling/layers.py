@@ -344,7 +344,8 @@ class Attention(nn.Module):
         mask = mask.masked_fill(~present[:, None, :, None], float("-inf"))  # (B, 1 or H, R, S)
         probs = attention_probabilities(self, q, k, mask, self.scaling).to(q.dtype)  # (B, H, R, S)
         dropped = nn.functional.dropout(probs, p=self.attention_dropout, training=self.training)
-        rows_out = torch.matmul(dropped, repeat_kv(v, self.num_key_value_groups)).transpose(1, 2)  # (B, R, H, D)
+        rows_out = torch.matmul(dropped, repeat_kv(v, self.num_key_value_groups))  # (B, H, R, D)
+        rows_out = rows_out.transpose(1, 2)
         index = rows[:, :, None, None].expand(b, r, *out.shape[2:])
         keep = present[:, :, None, None]
         out = out.scatter(1, index, torch.where(keep, rows_out, torch.gather(out, 1, index)))

@@ -482,7 +482,9 @@ class StackMixin:
                 )
         for lt, pattern in patterns.items():
             check_backend_for_batch(backends[lt], pattern.kind, self, device)
-        masks = {lt: lower_mask(self.backend_pattern(lt, p), backends[lt], h.dtype) for lt, p in patterns.items()}
+        masks = {
+            lt: lower_mask(self.backend_pattern(lt, p), backends[lt], h.dtype) for lt, p in patterns.items()
+        }
         cross_pattern, cross_masks = None, {}
         if encoder_hidden_states is not None:
             s_enc = encoder_hidden_states.shape[1]
