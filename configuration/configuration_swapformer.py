@@ -147,6 +147,8 @@ class SwapformerConfig(PreTrainedConfig):
         hidden_dropout: dropout on embeddings and on each residual branch.
         embedding_dropout: dropout on the embeddings alone; `None` means `hidden_dropout` (GPT-2's
             `embd_pdrop` may differ from its `resid_pdrop`).
+        embedding_dropout_first: drop out the embeddings before `embedding_norm` rather than after it
+            (BigBird's order; BERT's is norm, then dropout).
         final_dropout: apply `hidden_dropout` once more to each stack's output, after its final norm
             (T5 does; BERT, GPT-2, Llama and BART do not).
         attention_dropout: dropout on attention probabilities.
@@ -213,6 +215,7 @@ class SwapformerConfig(PreTrainedConfig):
     attention_scale: float | None = None
     hidden_dropout: float = 0.1
     embedding_dropout: float | None = None
+    embedding_dropout_first: bool = False
     final_dropout: bool = False
     attention_dropout: float = 0.0
     activation_dropout: float = 0.0
@@ -353,6 +356,7 @@ class SwapformerConfig(PreTrainedConfig):
             "tie_word_embeddings",
             "use_cache",
             "final_dropout",
+            "embedding_dropout_first",
             "global_projections",
         ):
             _check_bool(name, getattr(self, name))

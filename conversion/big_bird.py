@@ -1,7 +1,7 @@
 """BigBird (`BigBirdModel`, `BigBirdForMaskedLM`, `BigBirdForTokenClassification`) with
 `attention_type="original_full"` -> swapformer `EncoderModel` and heads: BERT's post-LN encoder with
 full attention layers, learned positions from 0, token types, and `rescale_embeddings` as
-`scale_embeddings`. The pooler is a bare linear layer (`pooler`, not BERT's `pooler.dense`); the
+`scale_embeddings`, and its embedding dropout before the LayerNorm (`embedding_dropout_first`). The pooler is a bare linear layer (`pooler`, not BERT's `pooler.dense`); the
 masked-LM and token classifiers hold one too and never read it, so there it is kept aside.
 
 `attention_type="block_sparse"` is refused: its pattern is not one swapformer's layer types express.
@@ -77,7 +77,8 @@ def check_big_bird(hf) -> None:
 def config_from_hf(hf) -> EncoderConfig:
     check_encoder(hf)
     check_big_bird(hf)
-    return encoder_config(hf, scale_embeddings=bool(hf.rescale_embeddings))
+    # BigBird drops out its embeddings before their LayerNorm
+    return encoder_config(hf, scale_embeddings=bool(hf.rescale_embeddings), embedding_dropout_first=True)
 
 
 def config_to_hf(cfg: EncoderConfig):
@@ -93,7 +94,7 @@ def config_to_hf(cfg: EncoderConfig):
             "attention_bias=False cannot map: BigBird's attention output dense always has a bias"
         )
     return BigBirdConfig(
-        **hf_encoder_fields(cfg),
+        **hf_encoder_fields(cfg, embedding_dropout_first=True),
         attention_type="original_full",
         rescale_embeddings=cfg.scale_embeddings,
         use_bias=True,

@@ -244,9 +244,11 @@ class StackMixin:
             h = h + self.embed_positions(position_ids)
         elif self.config.position_embedding_type == "sinusoidal":
             h = h + sinusoidal_embedding(position_ids, self.config.hidden_size, h.dtype)
+        if self.config.embedding_dropout_first:  # BigBird
+            h = self.embed_dropout(h)
         if self.embed_norm is not None:
             h = self.embed_norm(h)
-        return self.embed_dropout(h)
+        return h if self.config.embedding_dropout_first else self.embed_dropout(h)
 
     def pair_bias(self, query_pos: torch.Tensor, key_pos: torch.Tensor) -> torch.Tensor:
         """Additive score bias (..., H) for broadcastable query and key positions (ALiBi, T5)."""

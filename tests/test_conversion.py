@@ -63,9 +63,8 @@ def bart_config(**kw):
 
 def longformer_config(**kw):
     # attention_window 8: one-sided 4, swapformer's sliding_window 5, cut by the 24-token verification batch
-    return T.LongformerConfig(
-        **SMALL, max_position_embeddings=42, type_vocab_size=1, pad_token_id=1, attention_window=8, **kw
-    )
+    options = dict(max_position_embeddings=42, type_vocab_size=1, pad_token_id=1, attention_window=8)
+    return T.LongformerConfig(**SMALL, **{**options, **kw})
 
 
 def big_bird_config(**kw):
@@ -369,7 +368,9 @@ def test_unsupported_model_type_lists_the_supported_ones(tmp_path):
         num_hidden_layers=1, hidden_size=16, num_attention_heads=2, ffn_dim=32, vocab_size=V
     ).save_pretrained(src)
     refused(
-        src, tmp_path / "out", "model_type='opt'; supported: bart, bert, gpt2, llama, mistral, roberta, t5"
+        src,
+        tmp_path / "out",
+        "model_type='opt'; supported: bart, bert, big_bird, gpt2, llama, longformer, mistral, roberta, t5",
     )
 
 
