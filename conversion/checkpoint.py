@@ -226,14 +226,15 @@ def _on_meta(cls, config):
 # Verification -----------------------------------------------------------------------------------
 
 
-def _batch(config, pad_token_id: int | None, seq2seq: bool, length: int = 24):
+def _batch(config, pad_token_id: int | None, seq2seq: bool, length: int = 24, window_limit: int = 64):
     """Inputs for both models: two rows, the second right-padded by a third, real tokens never the
-    pad id (RoBERTa counts positions over non-pad ids). No padding when there is no pad id."""
+    pad id (RoBERTa counts positions over non-pad ids). No padding when there is no pad id. A window
+    up to `window_limit` is cut by the batch (a family whose window is its point raises the limit)."""
+    window = config.sliding_window
+    if window is not None and window <= window_limit:
+        length = max(length, window + 8)  # the window must cut something
     if config.position_embedding_type == "learned":
         length = min(length, config.max_position_embeddings)
-    window = config.sliding_window
-    if window is not None and window <= 64:
-        length = max(length, window + 8)  # the window must cut something
     if pad_token_id is not None and not 0 <= pad_token_id < config.vocab_size:
         pad_token_id = None  # e.g. GPT-2 configs naming id 50256 in a smaller vocabulary
     g = torch.Generator().manual_seed(0)
@@ -271,13 +272,16 @@ def _diff(a: torch.Tensor, b: torch.Tensor, mask: torch.Tensor | None) -> float:
 
 @torch.no_grad()
 def compare(
-    reference, candidate, config, pad_token_id: int | None, inputs_for: Callable | None = None
+    reference, candidate, config, pad_token_id: int | None, family=None
 ) -> tuple[dict[str, float], int]:
     """Run two models on the same padded batch; max abs diffs of hidden states and logits.
-    `inputs_for(config, inputs)`, a family's `verification_inputs`, adds what the family reads
-    besides tokens and padding (Longformer's `global_attention_mask`)."""
+    A `family` module may set `VERIFY_WINDOW_LIMIT` (windows up to it are cut by the batch) and define
+    `verification_inputs(config, inputs)`, adding what it reads besides tokens and padding
+    (Longformer's `global_attention_mask`)."""
     seq2seq = bool(getattr(config, "is_encoder_decoder", False))
-    inputs, masks = _batch(config, pad_token_id, seq2seq)
+    limit = getattr(family, "VERIFY_WINDOW_LIMIT", 64)
+    inputs, masks = _batch(config, pad_token_id, seq2seq, window_limit=limit)
+    inputs_for = getattr(family, "verification_inputs", None)
     if inputs_for is not None:
         inputs = inputs_for(config, inputs)
     a = reference(**inputs, output_hidden_states=True, return_dict=True)
@@ -606,8 +610,7 @@ def _verify(source_class, src: Path, target_class, tmp: Path, pad_token_id, use_
     reference = _load(source_class, src, dtype=torch.float32, use_safetensors=use_safetensors)
     candidate = _load(target_class, tmp, dtype=torch.float32)
     swapformer_side = candidate if candidate.config.model_type in SWAPFORMER_TYPES else reference
-    inputs_for = getattr(module, "verification_inputs", None)
-    return compare(reference, candidate, swapformer_side.config, pad_token_id, inputs_for)
+    return compare(reference, candidate, swapformer_side.config, pad_token_id, module)
 
 
 def _targets(rules, key: str) -> tuple[str, ...]:

@@ -162,6 +162,10 @@ def config_to_hf(cfg: EncoderConfig):
     return LongformerConfig(**fields, attention_window=2 * (cfg.sliding_window - 1))
 
 
+# Verification runs on sliding_window + 8 tokens, so the window is cut (longformer-base: 265 tokens).
+VERIFY_WINDOW_LIMIT = 4096
+
+
 def verification_inputs(config, inputs: dict) -> dict:
     """`swapformer convert` checks Longformer with global tokens in play: the first token of every row
     and one in the middle are marked global (both sides read `global_attention_mask`)."""
