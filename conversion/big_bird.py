@@ -9,9 +9,9 @@ transformers' block-sparse attention (https://arxiv.org/abs/2007.14062) works on
 tokens: a query block sees whole key blocks (itself and one block on each side, so the reach of a token
 depends on where it sits in its block, up to 2 * block_size - 1 tokens away), the first and the last
 block are global (the last block of the batch's padded length), the second and second-to-last query
-blocks see other fixed blocks, and the random blocks are drawn per head with numpy's global generator,
-reseeded per layer in training, and in eval mode are all block 0 (whose keys then enter the softmax
-once more per random block). swapformer's `bigbird_attention` has a token window, global leading
+blocks see other fixed blocks, and the random blocks are drawn per head from numpy's global generator
+reseeded with the layer index at every training forward (one layout per layer and head), and in eval
+mode are all block 0 (whose keys then enter the softmax once more per random block). swapformer's `bigbird_attention` has a token window, global leading
 tokens, and one seeded random layout shared by all heads and by training and eval; a converted model
 would compute another function. Such a checkpoint converts as `attention_type="original_full"` (the
 same weights, full attention; what BigBirdModel itself does for inputs too short for block-sparse).
@@ -62,9 +62,10 @@ def check_big_bird(hf) -> None:
     if hf.attention_type != "original_full":
         raise ConversionError(
             f"BigBird with attention_type={hf.attention_type!r} cannot map: its block-sparse pattern (whole "
-            "neighbouring blocks, the first and last blocks global, random blocks drawn per head with numpy "
-            "per forward in training and all block 0 in eval) is not swapformer's bigbird_attention (a token "
-            "window, leading global tokens, one seeded layout for every head). Set "
+            "neighbouring blocks, the first and last blocks global, random blocks drawn per head and layer from "
+            "numpy seeded with the layer index in training, and all block 0 in eval) is not swapformer's "
+            "bigbird_attention (a token window, leading global tokens, one seeded layout for every head, layer "
+            "and mode). Set "
             "attention_type='original_full' in config.json (the same weights with full attention) and convert that"
         )
     if not hf.use_bias:
