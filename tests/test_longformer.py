@@ -95,6 +95,26 @@ def test_seq2seq_encoder_takes_global_projections():
     assert not hasattr(model.decoder.layers[0].self_attn, "q_global_proj")  # the causal decoder has none
 
 
+def test_the_sparse_backend_skips_the_rows_it_would_throw_away(monkeypatch):
+    """With global projections the sparse backend gets a layout without its dense global-row pass (those
+    rows are replaced); without them it has one."""
+    from swapformer.modeling import masks as masks_module
+
+    layouts = []
+    lower_sparse = masks_module.LOWERINGS["sparse"]
+    monkeypatch.setitem(
+        masks_module.LOWERINGS, "sparse", lambda *a: layouts.append(lower_sparse(*a)) or layouts[-1]
+    )
+    ids, mask = padded_batch(length=LENGTH, padding="right")
+    for option in (True, False):
+        model = build(swapformer.EncoderModel, global_config(global_projections=option), attn="sparse")
+        with torch.no_grad():
+            model(ids, attention_mask=mask, global_attention_mask=marks_for(ids))
+    with_option, without = [x for x in layouts if hasattr(x, "global_rows")]
+    assert with_option.global_rows is None and with_option.global_mask is None
+    assert without.global_rows is not None
+
+
 @pytest.mark.parametrize("attn", ["eager", "sdpa", "sparse"])
 def test_packed_row_equals_each_sequence_alone(attn):
     """Restarting position_ids pack three sequences in one row; the first two tokens of each are global,
