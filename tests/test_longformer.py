@@ -390,3 +390,14 @@ def test_bigbird_block_sparse_is_refused_with_the_reason():
     )  # fmt: skip
     with pytest.raises(ConversionError, match="attention_type='block_sparse' cannot map.*'original_full'"):
         from_hf_model(hf, swapformer.EncoderModel)
+
+
+def test_embedding_dropout_order_must_match_the_family():
+    """BigBird drops out its embeddings before their LayerNorm, BERT after: a config with the other
+    order does not go back (it would train differently)."""
+    from swapformer.conversion import bert, big_bird
+
+    with pytest.raises(ConversionError, match="embedding_dropout_first=True cannot map.*after"):
+        bert.config_to_hf(swapformer.EncoderConfig(embedding_dropout_first=True))
+    with pytest.raises(ConversionError, match="embedding_dropout_first=False cannot map.*before"):
+        big_bird.config_to_hf(swapformer.EncoderConfig())
