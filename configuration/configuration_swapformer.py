@@ -46,6 +46,8 @@ ROPE_TYPES = {
     "llama3": ("factor", "original_max_position_embeddings", "low_freq_factor", "high_freq_factor"),
 }
 LAYER_TYPES = tuple(LAYER_TYPE_PATTERN)
+# Pattern kinds with global tokens (the layers `global_projections` applies to).
+GLOBAL_KINDS = ("sliding_global", "bigbird")
 # Tensor-parallel plan of one stack of blocks, over swapformer's module names (Llama's styles): heads are
 # split over ranks (q/k/v by columns, o by rows), and so is the MLP's inner width.
 LAYER_TP_PLAN = {
@@ -145,6 +147,8 @@ class SwapformerConfig(PreTrainedConfig):
         hidden_dropout: dropout on embeddings and on each residual branch.
         embedding_dropout: dropout on the embeddings alone; `None` means `hidden_dropout` (GPT-2's
             `embd_pdrop` may differ from its `resid_pdrop`).
+        embedding_dropout_first: drop out the embeddings before `embedding_norm` rather than after it
+            (BigBird's order; BERT's is norm, then dropout).
         final_dropout: apply `hidden_dropout` once more to each stack's output, after its final norm
             (T5 does; BERT, GPT-2, Llama and BART do not).
         attention_dropout: dropout on attention probabilities.
@@ -168,6 +172,13 @@ class SwapformerConfig(PreTrainedConfig):
         num_random_blocks: random key blocks per query block (`bigbird_attention`).
         random_seed: seed of the random block layout, stored so every run, process and backend
             draws the same layout.
+        global_projections: global tokens get query, key and value projections of their own
+            (`q_global_proj`, `k_global_proj`, `v_global_proj`), as Longformer's `query_global`,
+            `key_global` and `value_global`: a global token's output is attention of
+            q_global(h) over k_global(h), v_global(h) of every key it may see, replacing what the
+            ordinary projections would give it; other queries attend to global keys through the
+            ordinary projections. Only with `sliding_global_attention` or `bigbird_attention` layers
+            and bidirectional self-attention (an encoder, the encoder of a seq2seq).
     """
 
     model_type = "swapformer"
@@ -204,6 +215,7 @@ class SwapformerConfig(PreTrainedConfig):
     attention_scale: float | None = None
     hidden_dropout: float = 0.1
     embedding_dropout: float | None = None
+    embedding_dropout_first: bool = False
     final_dropout: bool = False
     attention_dropout: float = 0.0
     activation_dropout: float = 0.0
@@ -217,6 +229,7 @@ class SwapformerConfig(PreTrainedConfig):
     attention_block_size: int = 64
     num_random_blocks: int = 3
     random_seed: int = 0
+    global_projections: bool = False
     use_cache: bool = True
     pad_token_id: int | None = None
     bos_token_id: int | None = None
@@ -343,13 +356,32 @@ class SwapformerConfig(PreTrainedConfig):
             "tie_word_embeddings",
             "use_cache",
             "final_dropout",
+            "embedding_dropout_first",
+            "global_projections",
         ):
             _check_bool(name, getattr(self, name))
+        if self.global_projections:
+            self._check_global_projections()
         for name in self._token_id_fields():
             self._check_token_id(name, getattr(self, name))
 
     def _token_id_fields(self) -> tuple[str, ...]:
         return ("pad_token_id", "bos_token_id", "eos_token_id")
+
+    def _check_global_projections(self) -> None:
+        """`global_projections=True` needs bidirectional layers with global tokens (see the class doc)."""
+        if self.causal and not self.is_encoder_decoder:
+            raise ValueError(
+                "global_projections=True needs bidirectional self-attention, and this decoder's is causal: a "
+                "global token's own projections attend to every key, later tokens included (Longformer's "
+                "query_global/key_global/value_global), which a causal decoder's tokens may not see. Use an "
+                "EncoderConfig (or a Seq2SeqConfig, whose encoder takes it), or global_projections=False"
+            )
+        if not any(LAYER_TYPE_PATTERN[t] in GLOBAL_KINDS for t in self.layer_types):
+            raise ValueError(
+                f"global_projections=True needs layers with global tokens, but layer_types={self.layer_types} has "
+                "none; use 'sliding_global_attention' or 'bigbird_attention' layers, or global_projections=False"
+            )
 
     def _check_rope_parameters(self) -> None:
         params = self.rope_parameters
@@ -579,6 +611,14 @@ class Seq2SeqConfig(SwapformerConfig):
         _check_bool("add_final_logits_bias", self.add_final_logits_bias)
         if not self.is_encoder_decoder:
             raise ValueError("Seq2SeqConfig needs is_encoder_decoder=True")
+        causal_global = [t for t in self.decoder_layer_types if LAYER_TYPE_PATTERN[t] in GLOBAL_KINDS]
+        if self.global_projections and causal_global:
+            raise ValueError(
+                f"global_projections=True applies to the encoder, but decoder_layer_types has {causal_global[0]!r} "
+                "layers: the decoder's self-attention is causal, and a global token's own projections attend to "
+                "every key, later tokens included (Longformer's query_global/key_global/value_global). Use "
+                "'sliding_attention' or 'full_attention' decoder layers, or global_projections=False"
+            )
 
     def _token_id_fields(self) -> tuple[str, ...]:
         return (*super()._token_id_fields(), "decoder_start_token_id")

@@ -4,7 +4,7 @@ BERT/RoBERTa (`stretch`, or `convert(..., max_length=...)`)."""
 
 from __future__ import annotations
 
-from . import bart, bert, gpt2, llama, mistral, roberta, t5
+from . import bart, bert, big_bird, gpt2, llama, longformer, mistral, roberta, t5
 from .checkpoint import (
     TOLERANCE,
     ConversionReport,
@@ -27,6 +27,8 @@ from .stretch import LongSettings, stretch
 FAMILIES = {
     "bert": bert,
     "roberta": roberta,
+    "longformer": longformer,
+    "big_bird": big_bird,
     "gpt2": gpt2,
     "llama": llama,
     "mistral": mistral,

@@ -7,7 +7,7 @@ names for its heads."""
 from __future__ import annotations
 
 from ..configuration.configuration_swapformer import EncoderConfig
-from .rules import ASIDE, Architecture, Rule, prefixed, split_rows
+from .rules import ASIDE, Architecture, ConversionError, Rule, prefixed, split_rows
 
 POOLER_RULE = Rule(r"pooler\.dense\.(weight|bias)", r"pooler.dense.\1")
 
@@ -111,7 +111,7 @@ def encoder_config(hf, **fields) -> EncoderConfig:
         mlp_bias=True,
         hidden_dropout=hf.hidden_dropout_prob,
         attention_dropout=hf.attention_probs_dropout_prob,
-        classifier_dropout=hf.classifier_dropout,
+        classifier_dropout=getattr(hf, "classifier_dropout", None),  # Longformer has none
         initializer_range=hf.initializer_range,
         pad_token_id=hf.pad_token_id,
         tie_word_embeddings=True,
@@ -128,8 +128,15 @@ def label_fields(hf) -> dict:
     return {"id2label": dict(hf.id2label), "label2id": dict(hf.label2id), "problem_type": hf.problem_type}
 
 
-def hf_encoder_fields(cfg: EncoderConfig) -> dict:
-    """The BERT-like HF config fields of a swapformer encoder config."""
+def hf_encoder_fields(cfg: EncoderConfig, embedding_dropout_first: bool = False) -> dict:
+    """The BERT-like HF config fields of a swapformer encoder config, whose family drops out the
+    embeddings after their LayerNorm (BERT) or before it (`embedding_dropout_first`, BigBird)."""
+    if cfg.embedding_dropout_first != embedding_dropout_first:
+        raise ConversionError(
+            f"embedding_dropout_first={cfg.embedding_dropout_first} cannot map: this family drops out the embeddings "
+            f"{'before' if embedding_dropout_first else 'after'} their LayerNorm (the model would train differently); "
+            f"set embedding_dropout_first={embedding_dropout_first}"
+        )
     return dict(
         vocab_size=cfg.vocab_size,
         hidden_size=cfg.hidden_size,

@@ -230,17 +230,20 @@ def _on_meta(cls, config):
 # Verification -----------------------------------------------------------------------------------
 
 
-def _batch(config, pad_token_id: int | None, seq2seq: bool, length: int | None = None):
+def _batch(
+    config, pad_token_id: int | None, seq2seq: bool, length: int | None = None, window_limit: int = 64
+):
     """Inputs for both models: two rows, the second right-padded by a third, real tokens never the
-    pad id (RoBERTa counts positions over non-pad ids). No padding when there is no pad id. By
-    default 24 tokens, or more so that a small window cuts something."""
+    pad id (RoBERTa counts positions over non-pad ids). No padding when there is no pad id. `length`
+    tokens when given; by default 24, or more so that a window up to `window_limit` is cut by the batch
+    (a family whose window is its point raises the limit), at most the learned position table."""
     if length is None:
         length = 24
+        window = config.sliding_window
+        if window is not None and window <= window_limit:
+            length = max(length, window + 8)  # the window must cut something
         if config.position_embedding_type == "learned":
             length = min(length, config.max_position_embeddings)
-        window = config.sliding_window
-        if window is not None and window <= 64:
-            length = max(length, window + 8)  # the window must cut something
     if pad_token_id is not None and not 0 <= pad_token_id < config.vocab_size:
         pad_token_id = None  # e.g. GPT-2 configs naming id 50256 in a smaller vocabulary
     g = torch.Generator().manual_seed(0)
@@ -278,12 +281,18 @@ def _diff(a: torch.Tensor, b: torch.Tensor, mask: torch.Tensor | None) -> float:
 
 @torch.no_grad()
 def compare(
-    reference, candidate, config, pad_token_id: int | None, length: int | None = None
+    reference, candidate, config, pad_token_id: int | None, length: int | None = None, family=None
 ) -> tuple[dict[str, float], int]:
     """Run two models on the same padded batch (of `length` tokens, by default `_batch`'s); max abs
-    diffs of hidden states and logits."""
+    diffs of hidden states and logits. A `family` module may set `VERIFY_WINDOW_LIMIT` (windows up to
+    it are cut by the batch) and define `verification_inputs(config, inputs)`, adding what it reads
+    besides tokens and padding (Longformer's `global_attention_mask`)."""
     seq2seq = bool(getattr(config, "is_encoder_decoder", False))
-    inputs, masks = _batch(config, pad_token_id, seq2seq, length)
+    limit = getattr(family, "VERIFY_WINDOW_LIMIT", 64)
+    inputs, masks = _batch(config, pad_token_id, seq2seq, length, window_limit=limit)
+    inputs_for = getattr(family, "verification_inputs", None)
+    if inputs_for is not None:
+        inputs = inputs_for(config, inputs)
     a = reference(**inputs, output_hidden_states=True, return_dict=True)
     b = candidate(**inputs, output_hidden_states=True, return_dict=True)
     diffs = {}
@@ -295,7 +304,9 @@ def compare(
             a.decoder_hidden_states[-1], b.decoder_hidden_states[-1], masks["decoder"]
         )
     else:
-        base_inputs = {k: inputs[k] for k in ("input_ids", "attention_mask")}
+        base_inputs = {
+            k: inputs[k] for k in ("input_ids", "attention_mask", "global_attention_mask") if k in inputs
+        }
         ha = reference.base_model(**base_inputs, return_dict=True).last_hidden_state
         hb = candidate.base_model(**base_inputs, return_dict=True).last_hidden_state
         diffs["hidden states"] = _diff(ha, hb, masks["encoder"])
@@ -670,7 +681,7 @@ def _from_hf(
     pad_token_id = source_model.config.pad_token_id
     del model, source_model, source, state, aside
     diffs, tokens = _verify(
-        hf_class, src, _auto_class(target_class), tmp, pad_token_id, use_safetensors, verify_length
+        hf_class, src, _auto_class(target_class), tmp, pad_token_id, use_safetensors, verify_length, module
     )
     return ConversionReport(
         str(src), str(tmp), hf_config.model_type, arch, target_class.__name__, diffs, tokens, long_values
@@ -678,14 +689,21 @@ def _from_hf(
 
 
 def _verify(
-    source_class, src: Path, target_class, tmp: Path, pad_token_id, use_safetensors: bool, length=None
+    source_class,
+    src: Path,
+    target_class,
+    tmp: Path,
+    pad_token_id,
+    use_safetensors: bool,
+    length=None,
+    module=None,
 ):
     """Both folders loaded afresh from disk in fp32 (nothing shared with the tensors just written),
     run on the same batch; the batch is sized by the swapformer side's config, or `length` tokens."""
     reference = _load(source_class, src, dtype=torch.float32, use_safetensors=use_safetensors)
     candidate = _load(target_class, tmp, dtype=torch.float32)
     swapformer_side = candidate if candidate.config.model_type in SWAPFORMER_TYPES else reference
-    return compare(reference, candidate, swapformer_side.config, pad_token_id, length)
+    return compare(reference, candidate, swapformer_side.config, pad_token_id, length, module)
 
 
 def _targets(rules, key: str) -> tuple[str, ...]:
@@ -846,5 +864,5 @@ def _to_hf(src: Path, tmp: Path, *, use_safetensors: bool, log) -> ConversionRep
 
     pad_token_id = hf_config.pad_token_id
     del source_model, state, hf_state
-    diffs, tokens = _verify(target_class, src, hf_class, tmp, pad_token_id, use_safetensors)
+    diffs, tokens = _verify(target_class, src, hf_class, tmp, pad_token_id, use_safetensors, module=module)
     return ConversionReport(str(src), str(tmp), origin["model_type"], ours, arch, diffs, tokens)

@@ -19,7 +19,7 @@ def add_subcommand(subparsers) -> None:
     parser = subparsers.add_parser(
         "convert",
         description=(
-            "Convert a Hugging Face checkpoint folder (BERT, RoBERTa, GPT-2, Llama, Mistral, T5, BART; the family "
+            "Convert a Hugging Face checkpoint folder (BERT, RoBERTa, Longformer, BigBird, GPT-2, Llama, Mistral, T5, BART; the family "
             "is read from config.json) into a swapformer folder, then run both on the same padded batch and "
             "fail, writing nothing, if outputs differ by more than the tolerance. The folder is written under a "
             "hidden name beside OUT and renamed into place at the end: an error, Ctrl-C or SIGTERM leaves "

@@ -11,6 +11,8 @@ the chosen backend; the blocks only consume them.
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 from torch import nn
 from transformers.cache_utils import (
@@ -22,6 +24,7 @@ from transformers.cache_utils import (
 )
 
 from ..configuration.backends import LAYER_TYPE_PATTERN, check_batch_feature
+from ..configuration.configuration_swapformer import GLOBAL_KINDS
 from .attention import check_backend_for_batch, lower_mask
 from .layers import Block, alibi_bias, make_norm, relative_position_bucket, rope_cos_sin, sinusoidal_embedding
 from .masks import AttentionPattern, packed_random_tables, random_block_table
@@ -241,9 +244,11 @@ class StackMixin:
             h = h + self.embed_positions(position_ids)
         elif self.config.position_embedding_type == "sinusoidal":
             h = h + sinusoidal_embedding(position_ids, self.config.hidden_size, h.dtype)
+        if self.config.embedding_dropout_first:  # BigBird
+            h = self.embed_dropout(h)
         if self.embed_norm is not None:
             h = self.embed_norm(h)
-        return self.embed_dropout(h)
+        return h if self.config.embedding_dropout_first else self.embed_dropout(h)
 
     def pair_bias(self, query_pos: torch.Tensor, key_pos: torch.Tensor) -> torch.Tensor:
         """Additive score bias (..., H) for broadcastable query and key positions (ALiBi, T5)."""
@@ -479,7 +484,9 @@ class StackMixin:
                 )
         for lt, pattern in patterns.items():
             check_backend_for_batch(backends[lt], pattern.kind, self, device)
-        masks = {lt: lower_mask(p, backends[lt], h.dtype) for lt, p in patterns.items()}
+        masks = {
+            lt: lower_mask(self.backend_pattern(lt, p), backends[lt], h.dtype) for lt, p in patterns.items()
+        }
         cross_pattern, cross_masks = None, {}
         if encoder_hidden_states is not None:
             s_enc = encoder_hidden_states.shape[1]
@@ -533,6 +540,16 @@ class StackMixin:
             all_hidden.append(h)
         as_tuple = lambda xs: tuple(xs) if xs is not None else None  # noqa: E731
         return h, as_tuple(all_hidden), as_tuple(self_attns), as_tuple(cross_attns)
+
+    def backend_pattern(self, layer_type: str, pattern: AttentionPattern) -> AttentionPattern:
+        """The pattern the backend's mask is lowered from: with `global_projections`, the global query
+        rows are left out (their every-key rows would be computed and thrown away), since the layers
+        replace those rows by attention through the global projections (layers.Attention._global_rows)."""
+        if not self.config.global_projections or self.causal or pattern.global_queries is None:
+            return pattern
+        if LAYER_TYPE_PATTERN[layer_type] not in GLOBAL_KINDS:
+            return pattern
+        return dataclasses.replace(pattern, global_queries=None)
 
     @staticmethod
     def check_global_mask(marks, b, past, t, span, prefix):

@@ -61,6 +61,18 @@ def bart_config(**kw):
     )  # fmt: skip
 
 
+def longformer_config(**kw):
+    # attention_window 8: one-sided 4, swapformer's sliding_window 5, cut by the 24-token verification batch
+    options = dict(max_position_embeddings=42, type_vocab_size=1, pad_token_id=1, attention_window=8)
+    return T.LongformerConfig(**SMALL, **{**options, **kw})
+
+
+def big_bird_config(**kw):
+    return T.BigBirdConfig(
+        **SMALL, max_position_embeddings=40, attention_type="original_full", sep_token_id=3, **kw
+    )
+
+
 # (id, transformers class, config factory, expected swapformer class, expected outputs compared)
 CASES = [
     ("bert", T.BertModel, bert_config, "EncoderModel", {"hidden states", "pooler output"}),
@@ -71,6 +83,13 @@ CASES = [
     ("roberta-mlm", T.RobertaForMaskedLM, roberta_config, "EncoderForMaskedLM", {"hidden states", "logits"}),
     ("roberta-cls", T.RobertaForSequenceClassification, lambda: roberta_config(num_labels=2), "EncoderForSequenceClassification", {"hidden states", "logits"}),
     ("roberta-tok", T.RobertaForTokenClassification, lambda: roberta_config(num_labels=5), "EncoderForTokenClassification", {"hidden states", "logits"}),
+    ("longformer", T.LongformerModel, longformer_config, "EncoderModel", {"hidden states", "pooler output"}),
+    ("longformer-mlm", T.LongformerForMaskedLM, longformer_config, "EncoderForMaskedLM", {"hidden states", "logits"}),
+    ("longformer-cls", T.LongformerForSequenceClassification, lambda: longformer_config(num_labels=3), "EncoderForSequenceClassification", {"hidden states", "logits"}),
+    ("longformer-tok", T.LongformerForTokenClassification, lambda: longformer_config(num_labels=5), "EncoderForTokenClassification", {"hidden states", "logits"}),
+    ("bigbird-full", T.BigBirdModel, big_bird_config, "EncoderModel", {"hidden states", "pooler output"}),
+    ("bigbird-full-mlm", T.BigBirdForMaskedLM, lambda: big_bird_config(rescale_embeddings=True), "EncoderForMaskedLM", {"hidden states", "logits"}),
+    ("bigbird-full-tok", T.BigBirdForTokenClassification, lambda: big_bird_config(num_labels=4), "EncoderForTokenClassification", {"hidden states", "logits"}),
     ("gpt2-tied", T.GPT2LMHeadModel, gpt2_config, "DecoderForCausalLM", {"hidden states", "logits"}),
     ("gpt2-untied", T.GPT2LMHeadModel, lambda: gpt2_config(tie_word_embeddings=False), "DecoderForCausalLM", {"hidden states", "logits"}),
     ("gpt2-cls", T.GPT2ForSequenceClassification, lambda: gpt2_config(num_labels=3, pad_token_id=0), "DecoderForSequenceClassification", {"hidden states", "logits"}),
@@ -349,7 +368,9 @@ def test_unsupported_model_type_lists_the_supported_ones(tmp_path):
         num_hidden_layers=1, hidden_size=16, num_attention_heads=2, ffn_dim=32, vocab_size=V
     ).save_pretrained(src)
     refused(
-        src, tmp_path / "out", "model_type='opt'; supported: bart, bert, gpt2, llama, mistral, roberta, t5"
+        src,
+        tmp_path / "out",
+        "model_type='opt'; supported: bart, bert, big_bird, gpt2, llama, longformer, mistral, roberta, t5",
     )
 
 

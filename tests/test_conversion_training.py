@@ -16,8 +16,10 @@ import transformers as T
 from test_conversion import (
     bart_config,
     bert_config,
+    big_bird_config,
     gpt2_config,
     llama_config,
+    longformer_config,
     mistral_config,
     roberta_config,
     t5_config,
@@ -32,6 +34,11 @@ P = 0.1  # every dropout probability the family has
 BERT_DROPOUT = dict(hidden_dropout_prob=P, attention_probs_dropout_prob=P)
 T5_DROPOUT = dict(dropout_rate=P, pad_token_id=0)
 BART_DROPOUT = dict(dropout=P, attention_dropout=P, activation_dropout=P)
+# Longformer drops out its window's probabilities (B, T, H, w + 1 + globals), swapformer the (B, H, T, S)
+# map: the same distribution, other draws, so its attention dropout stays off here. It also pads the batch
+# to a multiple of its window inside the forward and draws the other masks over that length: a window of
+# 4 divides the batch's 12 tokens.
+LONGFORMER_DROPOUT = dict(hidden_dropout_prob=P, attention_probs_dropout_prob=0.0, attention_window=4)
 
 # (id, transformers class, config, swapformer class, kind of labels)
 CASES = [
@@ -40,6 +47,9 @@ CASES = [
     ("bert-tok", T.BertForTokenClassification, lambda: bert_config(**BERT_DROPOUT, num_labels=4), swapformer.EncoderForTokenClassification, "token-class"),
     ("roberta-cls", T.RobertaForSequenceClassification, lambda: roberta_config(**BERT_DROPOUT, num_labels=2), swapformer.EncoderForSequenceClassification, "class"),
     ("roberta-mlm", T.RobertaForMaskedLM, lambda: roberta_config(**BERT_DROPOUT), swapformer.EncoderForMaskedLM, "tokens"),
+    ("longformer-cls", T.LongformerForSequenceClassification, lambda: longformer_config(**LONGFORMER_DROPOUT, num_labels=2), swapformer.EncoderForSequenceClassification, "class"),
+    ("longformer-mlm", T.LongformerForMaskedLM, lambda: longformer_config(**LONGFORMER_DROPOUT), swapformer.EncoderForMaskedLM, "tokens"),
+    ("bigbird-full-mlm", T.BigBirdForMaskedLM, lambda: big_bird_config(**BERT_DROPOUT), swapformer.EncoderForMaskedLM, "tokens"),
     ("gpt2", T.GPT2LMHeadModel, lambda: gpt2_config(resid_pdrop=P, embd_pdrop=P, attn_pdrop=P), swapformer.DecoderForCausalLM, "tokens"),
     ("gpt2-embd-dropout-differs", T.GPT2LMHeadModel, lambda: gpt2_config(resid_pdrop=P, embd_pdrop=0.3, attn_pdrop=0.2), swapformer.DecoderForCausalLM, "tokens"),
     ("llama", T.LlamaForCausalLM, lambda: llama_config(num_key_value_heads=2, attention_dropout=P), swapformer.DecoderForCausalLM, "tokens"),
@@ -86,7 +96,8 @@ def one_step(model, batch, seed: int):
 
 
 def pair(hf_class, hf_config, target_class, attn="eager"):
-    hf_config._attn_implementation = attn
+    # Longformer's attention is its own code, with no sdpa path: only swapformer's side switches then
+    hf_config._attn_implementation = attn if hf_class._supports_sdpa else "eager"
     torch.manual_seed(0)
     hf = hf_class(hf_config)
     scramble_(hf, 1)

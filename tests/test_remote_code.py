@@ -23,6 +23,17 @@ CASES = {
         "AutoModelForMaskedLM",
         dict(position_embedding_type="learned"),
     ),
+    # Longformer-like: window + global layers with the global tokens' own projections
+    "encoder-global": (
+        swapformer.EncoderForMaskedLM,
+        "AutoModelForMaskedLM",
+        dict(
+            layer_types=["sliding_global_attention", "full_attention"],
+            sliding_window=3,
+            global_tokens=1,
+            global_projections=True,
+        ),
+    ),
     "decoder": (
         swapformer.DecoderForCausalLM,
         "AutoModelForCausalLM",
@@ -63,7 +74,7 @@ SCRIPT = textwrap.dedent(
 @pytest.mark.parametrize("arch", list(CASES))
 def test_remote_code_loads_without_swapformer(arch, tmp_path, report):
     model_class, auto_name, options = CASES[arch]
-    model = build(model_class, tiny_config(arch, **options), attn="sdpa")
+    model = build(model_class, tiny_config(arch.split("-")[0], **options), attn="sdpa")
     ids, mask = padded_batch(padding="right")
     kw = dict(attention_mask=mask)
     if arch == "seq2seq":
