@@ -819,7 +819,6 @@ def _to_hf(src: Path, tmp: Path, *, use_safetensors: bool, log) -> ConversionRep
             f"{src / 'config.json'} names architectures={config.architectures}; expected a swapformer class"
         )
     hf_config = module.config_to_hf(config)
-    _check_attention_layout(config, module.config_from_hf(hf_config), src, origin["model_type"])
     archs = architectures_for(module, hf_config)
     candidates = [a for a, arch in archs.items() if arch.target == ours]
     if not candidates:
@@ -829,6 +828,12 @@ def _to_hf(src: Path, tmp: Path, *, use_safetensors: bool, log) -> ConversionRep
     _check_implied_config(config, ours, origin["model_type"], {a: archs[a] for a in candidates})
     candidates = [a for a in candidates if _implied_config_holds(config, archs[a])]
     arch = origin.get("architecture") if origin.get("architecture") in candidates else candidates[0]
+    again = module.config_from_hf(hf_config)
+    for key, value in archs[
+        arch
+    ].config.items():  # what the class implies (Longformer's classifier: a global first token)
+        setattr(again, key, value)
+    _check_attention_layout(config, again, src, origin["model_type"])
     if archs[arch].check is not None:
         archs[arch].check(hf_config)
     hf_class = getattr(transformers, arch)
