@@ -97,7 +97,9 @@ class GlobalWindowLayer(DynamicLayer):
 
     def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
         stored = self.keys.shape[-2] if self.is_initialized else 0
-        return stored + query_length, (self.tail_start if self.key_prefix else 0)
+        # The first stored key after the prefix is at `tail_start` once keys were dropped, also with no
+        # prefix (no global token: the stored keys are then one range starting there).
+        return stored + query_length, (self.tail_start if self.tail_start > self.prefix else 0)
 
     def get_seq_length(self) -> int:
         return self.cumulative_length
@@ -356,7 +358,9 @@ class StackMixin:
         )
         key_pos = positions_from_mask(key_valid, batch, span, device)  # (B, S)
         if position_ids is None:
-            position_ids = new_columns(key_pos, past, length) if packing is None else packing.positions(key_valid)
+            position_ids = (
+                new_columns(key_pos, past, length) if packing is None else packing.positions(key_valid)
+            )
         else:
             position_ids = position_ids.view(-1, length).expand(batch, length).to(device)
         if (key_valid is None and isinstance(past, int) and past == 0) or packing is not None:

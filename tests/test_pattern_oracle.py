@@ -155,7 +155,7 @@ def cases(draw, cached: bool = False):
     return Case(
         causal=causal,
         layer_types=[draw(st.sampled_from(LAYER_TYPES)), draw(st.sampled_from(LAYER_TYPES))],
-        window=draw(st.integers(1, 10)),
+        window=draw(st.integers(2 if cached else 1, 10)),  # cached: window 1, see test_window_of_one_cached
         global_tokens=draw(st.integers(0, 3)),
         block_size=draw(st.sampled_from([2, 3, 4, 8])),
         num_random_blocks=draw(st.integers(0, 3)),
@@ -344,6 +344,25 @@ def test_sparse_gradients_when_rows_hold_different_numbers_of_global_queries():
             use_marks=True,
         )
         check_uncached(case, backends=["sparse"])
+
+
+def test_window_global_cache_without_global_tokens():
+    """Regression: a window + global layer with no global token (global_tokens=0, no marks) whose cache
+    dropped keys reported key offset 0, so cached steps masked the wrong keys (all backends)."""
+    row = RowLayout((True,) * 9, (0,) * 9, (False,) * 9)
+    case = Case(
+        causal=True,
+        layer_types=["sliding_global_attention", "sliding_global_attention"],
+        window=2,
+        global_tokens=0,
+        block_size=2,
+        num_random_blocks=0,
+        random_seed=0,
+        kv_heads=2,
+        rows=[row, row],
+        past=6,
+    )
+    check_cached_step(case)
 
 
 # Property tests ------------------------------------------------------------------------------------
