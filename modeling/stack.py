@@ -18,6 +18,7 @@ from transformers.cache_utils import (
     STATIC_LAYER_TYPE_MAPPING,
     Cache,
     DynamicLayer,
+    DynamicSlidingWindowLayer,
     StaticLayer,
 )
 
@@ -32,6 +33,21 @@ from .packing import (
     find_packed_sequences,
     mark_cache_packed,
 )
+
+
+class SlidingWindowLayer(DynamicSlidingWindowLayer):
+    """transformers' windowed cache (`sliding_attention`), which keeps the last `sliding_window - 1`
+    tokens as `[-sliding_window + 1:]`: for a window of 1 that is `[-0:]`, every token, so the keys it
+    hands over disagree with its `get_mask_sizes`. Here a window of 1 keeps none. Registered for the
+    layer type (transformers' `_layer_type` mechanism); any other window behaves exactly as the parent."""
+
+    _layer_type = "sliding_attention"
+
+    def update(self, key_states, value_states, *args, **kwargs):
+        keys, values = super().update(key_states, value_states, *args, **kwargs)
+        if self.sliding_window == 1 and not self.record_past:
+            self.keys, self.values = self.keys[..., :0, :], self.values[..., :0, :]
+        return keys, values
 
 
 class GlobalWindowLayer(DynamicLayer):
