@@ -22,6 +22,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pattern_oracle import KINDS, PatternSpec, RowLayout, allowed_rows, in_window, random_block_table
+from test_packing import on_flash, reference_flash  # noqa: F401  (reference_flash is a fixture)
 
 import swapformer
 from swapformer.modeling import layers as layers_module
@@ -139,26 +140,33 @@ def row_layouts(draw, batch, length, packing, padding, marks):
 
 
 @st.composite
-def cases(draw, cached: bool = False):
+def cases(draw, cached: bool = False, focus: str | None = None):
+    """Cases of every kind; `cached`: a decoder step after a prompt; `focus="bigbird"`: both layers
+    BigBird with random blocks, a narrow window and at most one global token, so the random blocks
+    decide most of the mask; `focus="flash"`: what flash_attention_2 computes (full and sliding
+    layers, padding or packing but not both)."""
     causal = True if cached else draw(st.booleans())
-    length = draw(st.integers(2 if cached else 1, 48))
+    length = draw(st.integers(2 if cached else (8 if focus == "bigbird" else 1), 48))
     batch = draw(st.integers(1, 3))
     packing = False if cached else draw(st.booleans())
     padding = draw(st.sampled_from(["left", False] if cached else ["any", False]))
-    marks = draw(st.booleans())
+    if focus == "flash" and packing:
+        padding = False
+    marks = draw(st.booleans()) and focus != "flash"
     past = draw(st.integers(1, length - 1)) if cached else 0
     rows = row_layouts(draw, batch, length, packing, padding, marks)
     if cached:  # a generated step marks no global token (GlobalWindowLayer refuses it): marks in the prompt
         rows = [RowLayout(r.real, r.sequence, r.marked[:past] + (False,) * (length - past)) for r in rows]
         if not all(any(r.real[:past]) for r in rows):
             rows = [RowLayout((True,) * length, r.sequence, r.marked) for r in rows]  # no empty prompt
+    layer_types = {"bigbird": ["bigbird_attention"], "flash": LAYER_TYPES[:2]}.get(focus, LAYER_TYPES)
     return Case(
         causal=causal,
-        layer_types=[draw(st.sampled_from(LAYER_TYPES)), draw(st.sampled_from(LAYER_TYPES))],
-        window=draw(st.integers(1, 10)),
-        global_tokens=draw(st.integers(0, 3)),
+        layer_types=[draw(st.sampled_from(layer_types)), draw(st.sampled_from(layer_types))],
+        window=draw(st.integers(1, 3 if focus == "bigbird" else 10)),
+        global_tokens=draw(st.integers(0, 1 if focus == "bigbird" else 3)),
         block_size=draw(st.sampled_from([2, 3, 4, 8])),
-        num_random_blocks=draw(st.integers(0, 3)),
+        num_random_blocks=draw(st.integers(1 if focus == "bigbird" else 0, 3)),
         random_seed=draw(st.integers(0, 10_000)),
         kv_heads=draw(st.sampled_from([4, 2, 1])),
         rows=rows,
@@ -252,7 +260,10 @@ def check_uncached(case: Case, backends=BACKENDS, grads=True):
     if case.causal:
         inputs["use_cache"] = False
     for backend in backends:
-        model.set_attn_implementation(backend)
+        if backend == "flash_attention_2":
+            on_flash(model)  # CPU reference kernels (test_packing), no CUDA check
+        else:
+            model.set_attn_implementation(backend)
         with torch.set_grad_enabled(grads), recording() as calls:
             model(**inputs)
         assert len(calls) == len(case.layer_types)
@@ -279,6 +290,43 @@ def check_cached_step(case: Case, backends=BACKENDS):
         for layer_type, call, full in zip(case.layer_types, calls, whole):
             assert diff(call.q, full.q[:, :, p:]) <= OUT_TOL  # the same queries at the same positions
             check_call(case, layer_type, call, grads=False, keys=(full.k, full.v), label=f"{backend} cached")
+
+
+# Property tests ------------------------------------------------------------------------------------
+
+
+@settings(max_examples=70, **SETTINGS)
+@given(case=cases())
+def test_backends_equal_the_oracle(case):
+    """eager, sdpa and sparse: output and q/k/v gradients of every layer equal the oracle's attention."""
+    check_uncached(case)
+
+
+@settings(max_examples=40, **SETTINGS)
+@given(case=cases(focus="bigbird"))
+def test_bigbird_equals_the_oracle(case):
+    """BigBird with the random blocks deciding most of the mask (packed rows: counted per sequence)."""
+    check_uncached(case)
+
+
+@settings(max_examples=25, **SETTINGS)
+@given(case=cases(cached=True))
+def test_cached_steps_equal_the_oracle(case):
+    """A step of 1.. tokens after P cached ones (left padding, global marks in the prompt): each
+    backend's output over the keys its cache kept equals the oracle's over all P + T keys."""
+    check_cached_step(case)
+
+
+@settings(
+    max_examples=20,
+    **{**SETTINGS, "suppress_health_check": [HealthCheck.too_slow, HealthCheck.function_scoped_fixture]},
+)
+@given(case=cases(focus="flash"))
+def test_flash_equals_the_oracle(case, reference_flash):  # noqa: F811  (the fixture imported above)
+    """flash_attention_2 (full and sliding layers; padding or packing, not both) through transformers'
+    own flash routing, with the CUDA kernels replaced by test_packing's plain-torch references of their
+    contract: output and gradients equal the oracle's attention."""
+    check_uncached(case, backends=["flash_attention_2"])
 
 
 # The oracle itself, by hand ------------------------------------------------------------------------
@@ -386,22 +434,36 @@ def test_window_of_one_cached(step):
     check_cached_step(case)
 
 
-# Property tests ------------------------------------------------------------------------------------
-
-
-@settings(max_examples=70, **SETTINGS)
-@given(case=cases())
-def test_backends_equal_the_oracle(case):
-    """eager, sdpa and sparse: output and q/k/v gradients of every layer equal the oracle's attention."""
-    check_uncached(case)
-
-
-@settings(max_examples=25, **SETTINGS)
-@given(case=cases(cached=True))
-def test_cached_steps_equal_the_oracle(case):
-    """A step of 1.. tokens after P cached ones (left padding, global marks in the prompt): each
-    backend's output over the keys its cache kept equals the oracle's over all P + T keys."""
-    check_cached_step(case)
+@pytest.mark.xfail(
+    strict=True,
+    reason="unpacked rows count BigBird's random blocks from index 0 of the padded row, over ceil(T / b) "
+    "blocks (masks.py), so padding changes a row's random layout, unlike DESIGN_NOTES item 7's "
+    "'a left-padded row has the positions and outputs of the same row unpadded'",
+)
+@pytest.mark.parametrize("causal, side", [(False, "right"), (True, "left")])
+def test_bigbird_padded_row_equals_the_row_alone(causal, side):
+    """A design question left open (see the report of issue 11): what the oracle says today, and what
+    DESIGN_NOTES item 7 promises, disagree for BigBird; this turns into a failure once they agree."""
+    case = Case(
+        causal=causal,
+        layer_types=["bigbird_attention", "bigbird_attention"],
+        window=2,
+        global_tokens=0,
+        block_size=4,
+        num_random_blocks=2,
+        random_seed=0,
+        kv_heads=2,
+        rows=[RowLayout((True,) * 20, (0,) * 20, (False,) * 20)],
+    )
+    model = model_for(case)
+    ids = case.inputs()["input_ids"]
+    pad = torch.zeros(1, 6, dtype=torch.long)
+    padded = torch.cat([ids, pad] if side == "right" else [pad, ids], dim=1)
+    mask = (padded != 0).long()
+    with torch.no_grad():
+        alone = model(ids).last_hidden_state
+        got = model(padded, attention_mask=mask).last_hidden_state[mask.bool()][None]
+    assert diff(got, alone) <= OUT_TOL
 
 
 @pytest.mark.slow
