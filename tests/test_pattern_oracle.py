@@ -9,7 +9,10 @@ no real token) and are left out of the comparison and of the loss.
 
 Hypothesis draws the cases (lengths, windows, block sizes, global tokens and marks, random blocks and
 seeds, padding side, packed rows, MHA/GQA/MQA, causal decoders and bidirectional encoders, cached
-steps); `derandomize=True` makes CI deterministic.
+steps); `derandomize=True` makes CI deterministic. eager, sdpa and sparse run every case;
+flash_attention_2 runs its full and sliding cases on test_packing's CPU reference kernels; flex runs
+two fixed cases (slow: it compiles). tests/mutation_check.py shows that each rule has a test here
+that fails without it.
 """
 
 from __future__ import annotations
