@@ -298,21 +298,21 @@ def check_cached_step(case: Case, backends=BACKENDS):
 # Property tests ------------------------------------------------------------------------------------
 
 
-@settings(max_examples=70, **SETTINGS)
+@settings(max_examples=120, **SETTINGS)
 @given(case=cases())
 def test_backends_equal_the_oracle(case):
     """eager, sdpa and sparse: output and q/k/v gradients of every layer equal the oracle's attention."""
     check_uncached(case)
 
 
-@settings(max_examples=40, **SETTINGS)
+@settings(max_examples=60, **SETTINGS)
 @given(case=cases(focus="bigbird"))
 def test_bigbird_equals_the_oracle(case):
     """BigBird with the random blocks deciding most of the mask (packed rows: counted per sequence)."""
     check_uncached(case)
 
 
-@settings(max_examples=25, **SETTINGS)
+@settings(max_examples=50, **SETTINGS)
 @given(case=cases(cached=True))
 def test_cached_steps_equal_the_oracle(case):
     """A step of 1.. tokens after P cached ones (left padding, global marks in the prompt): each
@@ -321,7 +321,7 @@ def test_cached_steps_equal_the_oracle(case):
 
 
 @settings(
-    max_examples=20,
+    max_examples=30,
     **{**SETTINGS, "suppress_health_check": [HealthCheck.too_slow, HealthCheck.function_scoped_fixture]},
 )
 @given(case=cases(focus="flash"))
