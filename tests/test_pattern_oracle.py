@@ -286,7 +286,7 @@ def check_cached_step(case: Case, backends=BACKENDS):
             with recording() as whole:
                 model(**inputs, use_cache=False)
             prompt = {name: x[:, :p] for name, x in inputs.items()}
-            cache = model(**prompt, use_cache=True).past_key_values
+            cache = model(**prompt, use_cache=True).cache
             step = {name: x if name != "input_ids" else x[:, p:] for name, x in inputs.items()}
             with recording() as calls:
                 model(**step, cache=cache, use_cache=True)
