@@ -18,9 +18,16 @@ vmap (flex's `mask_mod`), and every backend therefore computes the same function
                sliding_global  window(q, k) | global(k) | global(q)
                bigbird         window(q, k) | global(k) | global(q) | random_block(q, k)
     window:    0 <= q - k < w (causal), |q - k| < w (bidirectional), w = `sliding_window`
+    global:    a real token whose position (counted over real tokens) is < `global_tokens`, or one
+               `global_attention_mask` marks; padding is never global
+    random_block: (q // b, k // b) is a pair of `random_block_table(seed, n, n, ...)`, b =
+               `attention_block_size`, n = ceil((P + T) / b): blocks of absolute indices, counted from
+               index 0 of the row, padding and cached tokens included
     same_sequence: True, or for packed rows (packing.py) the query's and the key's sequence numbers
                agree; global tokens are then the first tokens of each sequence, and random blocks
                are counted from the query's sequence start in the layout that sequence has alone
+               (n = ceil(its real tokens / b)). A batch is packed when any row holds several
+               sequences; its other rows then count random blocks from their first real token too
 
 Lowered forms (B batch, H heads, T queries, S keys):
     eager   additive float (B, 1 or H, T, S): 0 allowed, -inf not, plus position bias; or None
@@ -50,9 +57,10 @@ def random_block_table(
 ) -> torch.Tensor:
     """BigBird's random key blocks: (n_query_blocks, n_key_blocks) bool.
 
-    Query block j draws `per_block` distinct key blocks (from blocks <= j when causal) with Python's
-    `random.Random` seeded by (seed, j, n_key_blocks): the same layout in every process and on every
-    backend, and a block's draw does not change as a causal sequence grows.
+    Query block j draws min(`per_block`, choices) distinct key blocks from the choices 0..j when
+    causal, 0..n_key_blocks-1 otherwise, as `random.Random(seed * 1_000_003 + j * 8_191 + (0 if causal
+    else n_key_blocks)).sample(choices, ...)`: the same layout in every process and on every backend,
+    and a block's draw does not change as a causal sequence grows.
     """
     table = torch.zeros(n_query_blocks, n_key_blocks, dtype=torch.bool)
     for j in range(n_query_blocks):

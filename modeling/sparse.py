@@ -261,11 +261,16 @@ def sparse_attention_forward(
     out = out[:, layout.front : layout.front + t].reshape(batch, t, heads, d).contiguous()  # (B, T, H, D)
     if layout.global_rows is not None:
         rows = layout.global_rows.clamp(min=0)  # (B, R)
-        index = rows[:, :, None, None].expand(-1, -1, heads, d)
         q_rows = torch.gather(query, 2, rows[:, None, :, None].expand(-1, heads, -1, d))
         dense = _sdpa(module, q_rows, key, value, layout.global_mask, scaling, dropout)  # (B, R, H, D)
-        keep = (layout.global_rows >= 0)[:, :, None, None]
-        out = out.scatter(1, index, torch.where(keep, dense, torch.gather(out, 1, index)))
+        # Unused slots (rows with fewer global queries than the batch's most) write to a spare row T that
+        # is cut off again: each real row is written exactly once, so the scatter's backward sends every
+        # output row's gradient to one place (pointing them at row 0 also sent row 0's to the slots).
+        spare = layout.global_rows.masked_fill(layout.global_rows < 0, t)
+        out = F.pad(out, (0, 0, 0, 0, 0, 1)).scatter(
+            1, spare[:, :, None, None].expand(-1, -1, heads, d), dense
+        )
+        out = out[:, :t]
     return out, None
 
 

@@ -20,6 +20,7 @@ from transformers.cache_utils import (
     STATIC_LAYER_TYPE_MAPPING,
     Cache,
     DynamicLayer,
+    DynamicSlidingWindowLayer,
     StaticLayer,
 )
 
@@ -35,6 +36,21 @@ from .packing import (
     find_packed_sequences,
     mark_cache_packed,
 )
+
+
+class SlidingWindowLayer(DynamicSlidingWindowLayer):
+    """transformers' windowed cache (`sliding_attention`), which keeps the last `sliding_window - 1`
+    tokens as `[-sliding_window + 1:]`: for a window of 1 that is `[-0:]`, every token, so the keys it
+    hands over disagree with its `get_mask_sizes`. Here a window of 1 keeps none. Registered for the
+    layer type (transformers' `_layer_type` mechanism); any other window behaves exactly as the parent."""
+
+    _layer_type = "sliding_attention"
+
+    def update(self, key_states, value_states, *args, **kwargs):
+        keys, values = super().update(key_states, value_states, *args, **kwargs)
+        if self.sliding_window == 1 and not self.record_past:
+            self.keys, self.values = self.keys[..., :0, :], self.values[..., :0, :]
+        return keys, values
 
 
 class GlobalWindowLayer(DynamicLayer):
@@ -100,7 +116,9 @@ class GlobalWindowLayer(DynamicLayer):
 
     def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
         stored = self.keys.shape[-2] if self.is_initialized else 0
-        return stored + query_length, (self.tail_start if self.key_prefix else 0)
+        # The first stored key after the prefix is at `tail_start` once keys were dropped, also with no
+        # prefix (no global token: the stored keys are then one range starting there).
+        return stored + query_length, (self.tail_start if self.tail_start > self.prefix else 0)
 
     def get_seq_length(self) -> int:
         return self.cumulative_length
@@ -361,7 +379,9 @@ class StackMixin:
         )
         key_pos = positions_from_mask(key_valid, batch, span, device)  # (B, S)
         if position_ids is None:
-            position_ids = new_columns(key_pos, past, length) if packing is None else packing.positions(key_valid)
+            position_ids = (
+                new_columns(key_pos, past, length) if packing is None else packing.positions(key_valid)
+            )
         else:
             position_ids = position_ids.view(-1, length).expand(batch, length).to(device)
         if (key_valid is None and isinstance(past, int) and past == 0) or packing is not None:

@@ -1,0 +1,337 @@
+"""Mutation check of the attention-pattern tests: does each rule have a test that fails without it?
+
+Each mutant removes or alters one rule of the pattern predicate (modeling/masks.py
+`AttentionPattern.allowed` and the BigBird draw), of the sparse backend where it handles a rule itself
+(the dense pass of global query rows, the global-key and random-key segments, counting each key once,
+the band), or of the pattern's construction (modeling/stack.py: global tokens, the caches). For every
+mutant the fast tests run in a temporary copy of the repository, so nothing is ever edited in place
+(an interrupted run leaves the working tree untouched), and a table says which test caught it.
+
+Usage (from the repository root; ~1-2 min per mutant on one core):
+
+    OMP_NUM_THREADS=1 .venv/bin/python tests/mutation_check.py              # oracle tests only
+    OMP_NUM_THREADS=1 .venv/bin/python tests/mutation_check.py --tests tests/test_pattern_oracle.py tests/test_patterns.py
+    OMP_NUM_THREADS=1 .venv/bin/python tests/mutation_check.py --only "global query"
+
+Exit status 1 when a mutant survives. It lives in tests/ because it measures the tests (it is not a
+test itself: pytest collects only test_*.py) and runs them as CI does.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+# The swapformer package maps these directories as its subpackages (pyproject.toml).
+SUBPACKAGES = ("configuration", "conversion", "hub_cards", "modeling", "training")
+
+
+@dataclass(frozen=True)
+class Mutant:
+    rule: str
+    mutation: str
+    path: str
+    old: str
+    new: str
+
+
+MUTANTS = [
+    # masks.py: the predicate
+    Mutant(
+        "global query",
+        "drop `| global_queries`",
+        "modeling/masks.py",
+        "            structure = structure | self.global_queries[b, row]\n",
+        "            structure = structure\n",
+    ),
+    Mutant(
+        "global key",
+        "drop `| global_keys`",
+        "modeling/masks.py",
+        "            structure = structure | self.global_keys[b, safe]\n",
+        "            structure = structure\n",
+    ),
+    Mutant(
+        "window edge (causal)",
+        "q - k < w  ->  q - k <= w",
+        "modeling/masks.py",
+        "return (d < self.window) if self.causal",
+        "return (d <= self.window) if self.causal",
+    ),
+    Mutant(
+        "window edge (causal)",
+        "q - k < w  ->  q - k < w - 1",
+        "modeling/masks.py",
+        "return (d < self.window) if self.causal",
+        "return (d < self.window - 1) if self.causal",
+    ),
+    Mutant(
+        "window edge (bidirectional)",
+        "|q - k| < w  ->  |q - k| <= w",
+        "modeling/masks.py",
+        "else (d.abs() < self.window)",
+        "else (d.abs() <= self.window)",
+    ),
+    Mutant(
+        "window edge (bidirectional)",
+        "|q - k| < w  ->  |q - k| < w - 1",
+        "modeling/masks.py",
+        "else (d.abs() < self.window)",
+        "else (d.abs() < self.window - 1)",
+    ),
+    Mutant(
+        "random blocks",
+        "drop `| random_blocks`",
+        "modeling/masks.py",
+        "            structure = structure | self.random_blocks(b, row, q, k)\n",
+        "            structure = structure\n",
+    ),
+    Mutant(
+        "random blocks",
+        "query block off by one (q // b -> (q + 1) // b)",
+        "modeling/masks.py",
+        "qb = (q // self.block_size).clamp(",
+        "qb = ((q + 1) // self.block_size).clamp(",
+    ),
+    Mutant(
+        "random blocks",
+        "draw seeded without n_key_blocks (bidirectional)",
+        "modeling/masks.py",
+        "j * 8_191 + (0 if causal else n_key_blocks))",
+        "j * 8_191)",
+    ),
+    Mutant(
+        "random blocks",
+        "causal draw may pick the next block",
+        "modeling/masks.py",
+        "choices = range(min(j + 1, n_key_blocks)) if causal",
+        "choices = range(min(j + 2, n_key_blocks)) if causal",
+    ),
+    Mutant(
+        "random blocks (packed)",
+        "counted from index 0, not the sequence start",
+        "modeling/masks.py",
+        "start, layout = self.query_packing.starts[b, row], self.random_index[b, row]",
+        "start, layout = 0, self.random_index[b, row]",
+    ),
+    Mutant(
+        "causal",
+        "drop `k <= q`",
+        "modeling/masks.py",
+        "            ok = ok & (k <= q)\n",
+        "            ok = ok\n",
+    ),
+    Mutant(
+        "causal",
+        "k <= q  ->  k <= q + 1",
+        "modeling/masks.py",
+        "            ok = ok & (k <= q)\n",
+        "            ok = ok & (k <= q + 1)\n",
+    ),
+    Mutant(
+        "padding",
+        "drop `key_valid`",
+        "modeling/masks.py",
+        "            ok = ok & self.key_valid[b, safe]\n",
+        "            ok = ok\n",
+    ),
+    Mutant(
+        "packing boundary",
+        "drop `same sequence`",
+        "modeling/masks.py",
+        "            ok = ok & (self.query_packing.ids[b, row] == self.key_packing.ids[b, safe])\n",
+        "            ok = ok\n",
+    ),
+    Mutant(
+        "packing boundary",
+        "a query also sees the previous sequence",
+        "modeling/masks.py",
+        "            ok = ok & (self.query_packing.ids[b, row] == self.key_packing.ids[b, safe])\n",
+        "            ok = ok & (self.query_packing.ids[b, row] - self.key_packing.ids[b, safe] <= 1)\n",
+    ),
+    Mutant(
+        "padding (flash)",
+        "no padding mask for flash_attention_2",
+        "modeling/masks.py",
+        "    if pattern.key_valid is None:\n        return None\n    return pattern.key_valid.long()",
+        "    return None",
+    ),
+    Mutant(
+        "packing boundary (flash)",
+        "no varlen boundaries for flash_attention_2",
+        "modeling/masks.py",
+        "        return KernelMask(None, varlen)",
+        "        return None",
+    ),
+    # sparse.py: rules the sparse backend handles itself
+    Mutant(
+        "global query (sparse)",
+        "no dense pass for global query rows",
+        "modeling/sparse.py",
+        "if pattern.global_queries is not None and bool(pattern.global_queries.any()):",
+        "if False:",
+    ),
+    Mutant(
+        "global query (sparse)",
+        "unused write-back slots point at query 0 (the bug fixed with this check)",
+        "modeling/sparse.py",
+        "spare = layout.global_rows.masked_fill(layout.global_rows < 0, t)",
+        "spare = layout.global_rows.masked_fill(layout.global_rows < 0, 0)",
+    ),
+    Mutant(
+        "global key (sparse)",
+        "no global-key segment",
+        "modeling/sparse.py",
+        "    if pattern.global_keys is not None:\n        order, present",
+        "    if False:\n        order, present",
+    ),
+    Mutant(
+        "random blocks (sparse)",
+        "no random-key segment",
+        "modeling/sparse.py",
+        "    if pattern.random_table is not None:\n        parts.append",
+        "    if False:\n        parts.append",
+    ),
+    Mutant(
+        "count once (sparse)",
+        "a global/random key inside the band counted twice",
+        "modeling/sparse.py",
+        "    counted = counted & ~in_band[:, :, None, :]\n",
+        "",
+    ),
+    Mutant(
+        "count once (sparse)",
+        "a random key that is global counted twice",
+        "modeling/sparse.py",
+        "        counted[..., n_glob:] &= ~is_global[:, :, None, :]\n",
+        "",
+    ),
+    Mutant(
+        "window edge (sparse band)",
+        "band one key short on the left",
+        "modeling/sparse.py",
+        "left, right = pattern.window - 1, (0 if",
+        "left, right = pattern.window - 2, (0 if",
+    ),
+    # stack.py: the pattern's construction and the caches
+    Mutant(
+        "global tokens",
+        "position < global_tokens  ->  <=",
+        "modeling/stack.py",
+        "is_global = key_pos < cfg.global_tokens",
+        "is_global = key_pos <= cfg.global_tokens",
+    ),
+    Mutant(
+        "global tokens",
+        "ignore global_attention_mask",
+        "modeling/stack.py",
+        "                    is_global = is_global | global_mask.bool()\n",
+        "                    is_global = is_global\n",
+    ),
+    Mutant(
+        "window + global cache",
+        "key offset 0 when no global token (the bug fixed with this check)",
+        "modeling/stack.py",
+        "(self.tail_start if self.tail_start > self.prefix else 0)",
+        "(self.tail_start if self.key_prefix else 0)",
+    ),
+    Mutant(
+        "window cache",
+        "window of 1 keeps every token (transformers' behaviour, fixed with this check)",
+        "modeling/stack.py",
+        "        if self.sliding_window == 1 and not self.record_past:",
+        "        if False:",
+    ),
+]
+
+
+def copy_repo(dest: Path) -> Path:
+    """A copy of the repository whose `swapformer` package imports the copy's subpackages: the editable
+    install maps `swapformer.modeling` etc. to the original checkout, so the copy's `swapformer/` gets
+    links to its own, which Python's path finder (ahead of the editable finder) then resolves."""
+    repo = dest / "repo"
+    shutil.copytree(
+        ROOT,
+        repo,
+        ignore=shutil.ignore_patterns(".venv", ".git", "__pycache__", ".pytest_cache", "*.egg-info"),
+    )
+    for name in SUBPACKAGES:
+        (repo / "swapformer" / name).symlink_to(repo / name, target_is_directory=True)
+    return repo
+
+
+def apply(repo: Path, mutant: Mutant) -> None:
+    path = repo / mutant.path
+    text = path.read_text()
+    count = text.count(mutant.old)
+    if count != 1:
+        raise SystemExit(
+            f"mutant {mutant.rule!r} / {mutant.mutation!r}: {mutant.old!r} occurs {count} times in {mutant.path}"
+        )
+    path.write_text(text.replace(mutant.old, mutant.new))
+
+
+def run_tests(repo: Path, tests: list[str], timeout: int) -> tuple[bool, str]:
+    """(caught, first failing test) for the tests run in the copy."""
+    env = dict(os.environ, PYTHONPATH=str(repo), OMP_NUM_THREADS="1")
+    check = "import swapformer.modeling.masks as m, sys; print(m.__file__)"
+    where = subprocess.run([sys.executable, "-c", check], env=env, cwd=repo, capture_output=True, text=True)
+    if not where.stdout.strip().startswith(str(repo)):
+        raise SystemExit(
+            f"the copy does not import its own code: {where.stdout.strip()} {where.stderr[-500:]}"
+        )
+    cmd = [sys.executable, "-m", "pytest", "-x", "-q", "-m", "not slow", "-p", "no:cacheprovider", *tests]
+    try:
+        proc = subprocess.run(cmd, env=env, cwd=repo, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return True, f"(timeout after {timeout} s)"
+    if proc.returncode == 0:
+        return False, ""
+    failed = re.findall(r"^(?:FAILED|ERROR) (\S+)", proc.stdout, flags=re.M)
+    return True, failed[0] if failed else f"(pytest exit {proc.returncode})"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--tests", nargs="+", default=["tests/test_pattern_oracle.py"])
+    parser.add_argument("--only", help="run the mutants whose rule or mutation contains this text")
+    parser.add_argument("--timeout", type=int, default=900, help="seconds per mutant")
+    args = parser.parse_args()
+    mutants = [m for m in MUTANTS if not args.only or args.only in m.rule or args.only in m.mutation]
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="swapformer-mutants-") as tmp:
+        clean = copy_repo(Path(tmp) / "clean")
+        caught, first = run_tests(clean, args.tests, args.timeout)
+        if caught:
+            print(f"the unmutated tests fail ({first}); fix them first", file=sys.stderr)
+            return 2
+        for mutant in mutants:
+            work = Path(tmp) / "mutant"
+            shutil.rmtree(work, ignore_errors=True)
+            repo = copy_repo(work)
+            apply(repo, mutant)
+            caught, first = run_tests(repo, args.tests, args.timeout)
+            rows.append((mutant, caught, first))
+            print(
+                f"{'caught' if caught else 'SURVIVED'}: {mutant.rule} / {mutant.mutation}  {first}",
+                flush=True,
+            )
+    print()
+    print("| rule | mutation | file | caught | first failing test |")
+    print("|---|---|---|---|---|")
+    for mutant, caught, first in rows:
+        cells = (mutant.rule, mutant.mutation, mutant.path, "yes" if caught else "**no**", first)
+        print("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
+    return 0 if all(caught for _, caught, _ in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
