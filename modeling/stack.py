@@ -41,16 +41,28 @@ from .packing import (
 class SlidingWindowLayer(DynamicSlidingWindowLayer):
     """transformers' windowed cache (`sliding_attention`), which keeps the last `sliding_window - 1`
     tokens as `[-sliding_window + 1:]`: for a window of 1 that is `[-0:]`, every token, so the keys it
-    hands over disagree with its `get_mask_sizes`. Here a window of 1 keeps none. Registered for the
-    layer type (transformers' `_layer_type` mechanism); any other window behaves exactly as the parent."""
-
-    _layer_type = "sliding_attention"
+    hands over disagree with its `get_mask_sizes`. Here a window of 1 keeps none. Not registered (that
+    would replace transformers' class for every model in the process): `adopt_window_of_one` gives
+    this class to the window-1 layers of a cache handed to a swapformer model, before their first use."""
 
     def update(self, key_states, value_states, *args, **kwargs):
         keys, values = super().update(key_states, value_states, *args, **kwargs)
         if self.sliding_window == 1 and not self.record_past:
             self.keys, self.values = self.keys[..., :0, :], self.values[..., :0, :]
         return keys, values
+
+
+def adopt_window_of_one(cache) -> None:
+    """Give `SlidingWindowLayer` to transformers' dynamic window-1 layers of `cache` (any other layer,
+    and any window but 1, is left as it is); nested caches of an encoder-decoder included."""
+    for part in (
+        getattr(cache, "self_attention_cache", None),
+        getattr(cache, "cross_attention_cache", None),
+        cache,
+    ):
+        for layer in getattr(part, "layers", ()) or ():
+            if type(layer) is DynamicSlidingWindowLayer and layer.sliding_window == 1:
+                layer.__class__ = SlidingWindowLayer
 
 
 class GlobalWindowLayer(DynamicLayer):
@@ -448,6 +460,8 @@ class StackMixin:
             cross-attention weights or None).
         """
         config = self.config
+        if cache is not None and not torch.compiler.is_compiling():
+            adopt_window_of_one(cache)
         past = cache.get_seq_length() if cache is not None else 0
         if torch.is_tensor(past) and not torch.compiler.is_compiling():
             past = int(past)  # a static cache counts in a tensor; outside compile, read it once
