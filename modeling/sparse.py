@@ -38,8 +38,12 @@ class BlockLayout:
     n_blocks: int
     band_start: int  # local key index of the first band key of the first block (may be negative)
     band_length: int
-    extra_keys: torch.Tensor | None  # (B or 1, N, E) local indices of global and random keys
-    mask: torch.Tensor  # (B or 1, N, 1 or H, b, L) additive float mask
+    extra_keys: torch.Tensor | None  # (B or 1, N, E) local indices of random keys (bigbird)
+    mask: torch.Tensor  # (B, N, 1 or H, b, L) additive float mask of band + random keys
+    global_keys: torch.Tensor | None  # (B, Gk) local indices of the global keys, one segment for all blocks
+    global_key_mask: torch.Tensor | None  # (B, N, 1 or H, b, Gk) additive float mask of that segment
+    segment_shift: torch.Tensor | None  # (B, N, b) float: +inf rows only the global segment holds keys
+    # for, -inf rows only the band + random segment holds keys for, else 0 (see _MergedSegments)
     global_rows: torch.Tensor | None  # (B, R) local query rows that attend everywhere
     global_mask: torch.Tensor | None  # (B, 1 or H, R, S) additive float mask of those rows
 
@@ -91,32 +95,51 @@ def _random_keys(pattern: AttentionPattern, q_abs: torch.Tensor):
     return keys.flatten(2), counted
 
 
-def _extra_keys(pattern: AttentionPattern, band_abs: torch.Tensor, q_abs: torch.Tensor):
-    """Global keys, then random blocks, per query block: absolute indices (B, N, E) and whether each
-    entry is counted in this segment for each query row (B, N, b or 1, E); None when the pattern has
-    neither."""
-    batch, n_blocks = pattern.batch, band_abs.shape[0]
-    parts, n_glob = [], 0
-    if pattern.global_keys is not None:
-        order, present = _first_true(pattern.global_keys)
-        n_glob = order.shape[1]
-        parts.append(((order + pattern.key_offset)[:, None, :], present[:, None, None, :]))
-    if pattern.random_table is not None:
-        parts.append(_random_keys(pattern, q_abs))
-    parts = [(k, ok) for k, ok in parts if k.shape[-1]]
-    if not parts:
+def _random_extra(pattern: AttentionPattern, band_abs: torch.Tensor, q_abs: torch.Tensor):
+    """BigBird's random blocks per query block: absolute indices (B or 1, N, E) and whether each entry
+    is counted in this segment for each query row (B or 1, N, b, E); (None, None) without them. A key
+    inside the block's band is counted there, and a global key once, in the global segment."""
+    if pattern.random_table is None:
         return None, None
-    rows = max(ok.shape[2] for _, ok in parts)
-    extra_abs = torch.cat([k.expand(batch, n_blocks, -1) for k, _ in parts], dim=-1)
-    counted = torch.cat([ok.expand(batch, n_blocks, rows, -1) for _, ok in parts], dim=-1)
-    # A key inside the block's band is counted there; a global key is counted once, as a global.
-    in_band = (extra_abs >= band_abs[None, :, :1]) & (extra_abs <= band_abs[None, :, -1:])
+    keys, counted = _random_keys(pattern, q_abs)
+    if not keys.shape[-1]:
+        return None, None
+    in_band = (keys >= band_abs[None, :, :1]) & (keys <= band_abs[None, :, -1:])
     counted = counted & ~in_band[:, :, None, :]
-    if n_glob and extra_abs.shape[-1] > n_glob:
-        local = (extra_abs[..., n_glob:] - pattern.key_offset).clamp(0, pattern.key_length - 1)
+    if pattern.global_keys is not None:
+        local = (keys - pattern.key_offset).clamp(0, pattern.key_length - 1)
+        batch = pattern.batch
+        local = local.expand(batch, -1, -1)
         is_global = torch.gather(pattern.global_keys, 1, local.reshape(batch, -1)).view_as(local)
-        counted[..., n_glob:] &= ~is_global[:, :, None, :]
-    return extra_abs, counted
+        counted = counted & ~is_global[:, :, None, :]
+    return keys, counted
+
+
+def _additive_blocks(pattern, q_abs, key_abs, counted, real_row, dtype) -> torch.Tensor:
+    """The additive mask (B, N, 1 or H, b, L) of query blocks `q_abs` (N, b) over the gathered keys
+    `key_abs` (B or 1, N, L): the pattern's predicate, restricted to the rows that are real and the
+    entries `counted` (B or 1, N, b or 1, L) counts, plus the position bias. Evaluated a few blocks at a
+    time (int32, cache-sized temporaries)."""
+    device, batch = pattern.device, pattern.batch
+    n_blocks, b, width = q_abs.shape[0], q_abs.shape[1], key_abs.shape[-1]
+    bidx = torch.arange(batch, device=device)[:, None, None, None]
+    q32, k32 = q_abs.int(), key_abs.int()
+    mask = torch.empty(batch, n_blocks, 1, b, width, dtype=dtype, device=device)
+    step = max(1, 2**18 // (b * max(width, 1)))
+    for j in range(0, n_blocks, step):
+        part = slice(j, j + step)
+        allowed = pattern.allowed(bidx, q32[None, part, :, None], k32[:, part, None, :])  # (B, n, b, L)
+        allowed = allowed & real_row[None, part, :, None]
+        if counted is not None:
+            allowed = allowed & counted[:, part]
+        mask[:, part, 0] = torch.zeros((), dtype=dtype, device=device).masked_fill(~allowed, float("-inf"))
+    if pattern.bias_fn is not None:
+        k_local = (key_abs - pattern.key_offset).clamp(0, pattern.key_length - 1).expand(batch, n_blocks, -1)
+        k_pos = torch.gather(pattern.key_pos, 1, k_local.reshape(batch, -1)).view(batch, n_blocks, 1, -1)
+        q_pos = pattern.query_pos[:, (q_abs - pattern.query_offset).clamp(0, pattern.query_length - 1)]
+        bias = pattern.bias_fn(q_pos[..., None], k_pos).permute(0, 1, 4, 2, 3)  # (B, N, H, b, L)
+        mask = mask + bias.to(dtype)
+    return mask
 
 
 def lower_sparse(pattern: AttentionPattern, dtype):
@@ -134,36 +157,31 @@ def lower_sparse(pattern: AttentionPattern, dtype):
     block_start = (torch.arange(n_blocks, device=device) + first_block) * b  # absolute first row
     band_abs = block_start[:, None] - left + torch.arange(band_length, device=device)  # (N, band)
     q_abs = block_start[:, None] + torch.arange(b, device=device)  # (N, b)
-    extra_abs, counted = _extra_keys(pattern, band_abs, q_abs)
+    extra_abs, counted = _random_extra(pattern, band_abs, q_abs)
     key_abs = (
         band_abs[None]
         if extra_abs is None
-        else torch.cat([band_abs[None].expand(batch, -1, -1), extra_abs], -1)
+        else torch.cat([band_abs[None].expand(extra_abs.shape[0], -1, -1), extra_abs], -1)
     )
-
-    # The same predicate as the dense backends, on the gathered indices, evaluated a few blocks at a
-    # time (int32, cache-sized temporaries) straight into the additive mask (B, N, 1, b, L).
     real_row = (q_abs >= pattern.query_offset) & (q_abs < pattern.query_offset + pattern.query_length)
     if counted is not None:
         band_counted = torch.ones(*counted.shape[:3], band_length, dtype=torch.bool, device=device)
-        counted = torch.cat([band_counted, counted], dim=-1)  # (B, N, b or 1, L)
-    bidx = torch.arange(batch, device=device)[:, None, None, None]
-    q32, k32 = q_abs.int(), key_abs.int()
-    mask = torch.empty(batch, n_blocks, 1, b, key_abs.shape[-1], dtype=dtype, device=device)
-    step = max(1, 2**18 // (b * key_abs.shape[-1]))
-    for j in range(0, n_blocks, step):
-        part = slice(j, j + step)
-        allowed = pattern.allowed(bidx, q32[None, part, :, None], k32[:, part, None, :])  # (B, n, b, L)
-        allowed = allowed & real_row[None, part, :, None]
-        if counted is not None:
-            allowed = allowed & counted[:, part]
-        mask[:, part, 0] = torch.zeros((), dtype=dtype, device=device).masked_fill(~allowed, float("-inf"))
-    if pattern.bias_fn is not None:
-        k_local = (key_abs - pattern.key_offset).clamp(0, pattern.key_length - 1).expand(batch, -1, -1)
-        k_pos = torch.gather(pattern.key_pos, 1, k_local.reshape(batch, -1)).view(batch, n_blocks, 1, -1)
-        q_pos = pattern.query_pos[:, (q_abs - pattern.query_offset).clamp(0, pattern.query_length - 1)]
-        bias = pattern.bias_fn(q_pos[..., None], k_pos).permute(0, 1, 4, 2, 3)  # (B, N, H, b, L)
-        mask = mask + bias.to(dtype)
+        counted = torch.cat([band_counted, counted], dim=-1)  # (B, N, b, L)
+    mask = _additive_blocks(pattern, q_abs, key_abs, counted, real_row, dtype)
+
+    # Global keys: one segment shared by every query block, each key counted unless the block's band
+    # already holds it.
+    global_keys = global_key_mask = None
+    if pattern.global_keys is not None:
+        order, present = _first_true(pattern.global_keys)  # (B, Gk)
+        if order.shape[1]:
+            glob_abs = (order + pattern.key_offset)[:, None, :]  # (B, 1, Gk)
+            in_band = (glob_abs >= band_abs[None, :, :1]) & (glob_abs <= band_abs[None, :, -1:])  # (B, N, Gk)
+            glob_counted = (present[:, None, :] & ~in_band)[:, :, None, :]  # (B, N, 1, Gk)
+            global_key_mask = _additive_blocks(
+                pattern, q_abs, glob_abs.expand(-1, n_blocks, -1), glob_counted, real_row, dtype
+            )
+            global_keys = order.clamp(0, max(pattern.key_length - 1, 0))
 
     global_rows = global_mask = None
     if pattern.global_queries is not None and bool(pattern.global_queries.any()):
@@ -182,9 +200,22 @@ def lower_sparse(pattern: AttentionPattern, dtype):
         if extra_abs is None
         else (extra_abs - pattern.key_offset).clamp(0, max(pattern.key_length - 1, 0)),
         mask=mask,
+        global_keys=global_keys,
+        global_key_mask=global_key_mask,
+        segment_shift=None if global_key_mask is None else _segment_shift(mask, global_key_mask),
         global_rows=global_rows,
         global_mask=global_mask,
     )
+
+
+def _segment_shift(mask: torch.Tensor, global_key_mask: torch.Tensor) -> torch.Tensor:
+    """(B, N, b): +inf for rows that hold keys only in the global segment, -inf for rows that hold keys
+    only in the band + random segment, 0 otherwise (the -inf entries do not depend on the head)."""
+    live1 = (mask[:, :, 0] > float("-inf")).any(-1)
+    live2 = (global_key_mask[:, :, 0] > float("-inf")).any(-1)
+    shift = torch.zeros(live1.shape, dtype=torch.float32, device=mask.device)
+    shift = shift.masked_fill(live2 & ~live1, float("inf"))
+    return shift.masked_fill(live1 & ~live2, float("-inf"))
 
 
 LOWERINGS["sparse"] = lower_sparse
@@ -192,7 +223,7 @@ LOWERINGS["sparse"] = lower_sparse
 
 # Query blocks handled per SDPA call without gradients: bounds the gathered keys and values (and keeps
 # them in cache while the kernel reads them). Measured on a 2-core CPU; see benchmarks/attention_sparse.py.
-CHUNK_BYTES = 4 * 2**20
+CHUNK_BYTES = 16 * 2**20
 
 
 def _gather_keys(x: torch.Tensor, layout: BlockLayout, blocks: range) -> torch.Tensor:
@@ -214,6 +245,55 @@ def _gather_keys(x: torch.Tensor, layout: BlockLayout, blocks: range) -> torch.T
     extra = x.transpose(1, 2)[rows, idx.reshape(batch, -1)]  # (B, n*E, K, D)
     extra = extra.view(batch, len(blocks), -1, kv_heads, d).transpose(2, 3)  # (B, n, K, E, D)
     return torch.cat([bands, extra], dim=3)
+
+
+class _MergedSegments(torch.autograd.Function):
+    """Attention of the same queries over two key segments, merged by log-sum-exp: exactly softmax
+    attention over the union of the segments, without copying them into one tensor.
+
+    CPU only: both segments run torch's fused CPU kernel, which also returns each row's log-sum-exp
+    l1, l2. The merged row is o1 + (o2 - o1) * sigmoid(l2 - l1). A segment with no key for a row
+    returns 0 there and a meaningless log-sum-exp, so `shift` (+inf, -inf or 0 per row, added to
+    l2 - l1) gives the other segment all the weight. Backward runs the kernel's backward once per
+    segment with the *merged* output and log-sum-exp: with those, each segment's recomputed
+    probabilities are the union's, so the two calls give the exact gradients (the query's being their
+    sum). Rows without any key come out 0 with zero gradients."""
+
+    @staticmethod
+    def forward(ctx, q, k1, v1, k2, v2, mask1, mask2, shift, scale):
+        flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
+        o1, l1 = flash(q, k1, v1, attn_mask=mask1, scale=scale)
+        o2, l2 = flash(q, k2, v2, attn_mask=mask2, scale=scale)
+        diff = torch.sub(l2, l1).add_(shift).nan_to_num_(0.0, float("inf"), float("-inf"))  # (B, K, G*b)
+        out = torch.lerp(o1, o2, torch.sigmoid(diff)[..., None].to(o1.dtype))
+        if ctx.needs_input_grad[0] or any(ctx.needs_input_grad[1:5]):
+            # log(e^l1 + e^l2), finite everywhere (rows without keys have all-(-inf) scores: their
+            # recomputed probabilities are 0 for any finite value)
+            lse = torch.where(diff > 0, l2, l1) + torch.log1p(torch.exp(-diff.abs()))
+            lse = lse.nan_to_num_(0.0, 0.0, 0.0)
+            ctx.save_for_backward(q, k1, v1, k2, v2, mask1, mask2, out, lse)
+        ctx.scale = scale
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        q, k1, v1, k2, v2, mask1, mask2, out, lse = ctx.saved_tensors
+        grad = grad.contiguous()
+        back = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward
+        dq1, dk1, dv1 = back(grad, q, k1, v1, out, lse, 0.0, False, attn_mask=mask1, scale=ctx.scale)
+        dq2, dk2, dv2 = back(grad, q, k2, v2, out, lse, 0.0, False, attn_mask=mask2, scale=ctx.scale)
+        return dq1 + dq2, dk1, dv1, dk2, dv2, None, None, None, None
+
+
+def _merge_segments(query, layout, mask, dropout) -> bool:
+    """Whether the global segment can run beside the band (`_MergedSegments`) rather than copied into
+    every block's keys: CPU, a dtype the fused kernel takes, no dropout, no gradient for the mask."""
+    return (
+        query.device.type == "cpu"
+        and query.dtype in (torch.float32, torch.float64, torch.bfloat16, torch.float16)
+        and dropout == 0.0
+        and not (torch.is_grad_enabled() and (mask.requires_grad or layout.global_key_mask.requires_grad))
+    )
 
 
 def sparse_attention_forward(
@@ -239,7 +319,13 @@ def sparse_attention_forward(
     # The G query heads that share a kv head become rows of the same block: (B, N, K, G, b, D).
     q = q.view(batch, kv_heads, groups, n, b, d).permute(0, 3, 1, 2, 4, 5)
     width = layout.band_length + (layout.extra_keys.shape[-1] if layout.extra_keys is not None else 0)
-    per_chunk = max(1, CHUNK_BYTES // (2 * batch * kv_heads * width * d * key.element_size()))
+    n_glob = 0 if layout.global_keys is None else layout.global_keys.shape[1]
+    merge = n_glob > 0 and _merge_segments(query, layout, layout.mask, dropout)
+    if n_glob:
+        rows = torch.arange(batch, device=key.device)[:, None]
+        k_glob = key.transpose(1, 2)[rows, layout.global_keys].transpose(1, 2)  # (B, K, Gk, D)
+        v_glob = value.transpose(1, 2)[rows, layout.global_keys].transpose(1, 2)
+    per_chunk = max(1, CHUNK_BYTES // (2 * batch * kv_heads * (width + n_glob) * d * key.element_size()))
     if torch.is_grad_enabled() and (query.requires_grad or key.requires_grad or value.requires_grad):
         per_chunk = n  # backward keeps every block's gathered keys anyway: one call
     out = query.new_empty(batch, n * b, kv_heads, groups, d)  # written chunk by chunk, in the final layout
@@ -248,25 +334,57 @@ def sparse_attention_forward(
         m = len(blocks)
         k = _gather_keys(key, layout, blocks).reshape(batch * m, kv_heads, width, d)
         v = _gather_keys(value, layout, blocks).reshape(batch * m, kv_heads, width, d)
-        mask = layout.mask[:, j : j + m]  # (B, m, 1 or H, b, L)
-        mask = mask.expand(batch, m, mask.shape[2], b, width)
-        if mask.shape[2] == 1:
-            mask = mask.expand(batch, m, groups, b, width).reshape(batch * m, 1, groups * b, width)
-        else:
-            mask = mask.reshape(batch * m, kv_heads, groups * b, width)
+        mask = _block_mask(layout.mask, j, m, groups, kv_heads)
         q_chunk = q[:, j : j + m].reshape(batch * m, kv_heads, groups * b, d)
-        o = F.scaled_dot_product_attention(q_chunk, k, v, attn_mask=mask, dropout_p=dropout, scale=scaling)
+        if merge:
+            glob = lambda x: x[:, None].expand(batch, m, kv_heads, n_glob, d).reshape(batch * m, kv_heads, n_glob, d)  # noqa: E731
+            shift = layout.segment_shift[:, j : j + m, None, None].expand(batch, m, 1, groups, b)
+            o = _MergedSegments.apply(
+                q_chunk,
+                k,
+                v,
+                glob(k_glob),
+                glob(v_glob),
+                mask,
+                _block_mask(layout.global_key_mask, j, m, groups, kv_heads),
+                shift.reshape(batch * m, 1, groups * b).to(query.dtype),
+                scaling,
+            )
+        else:
+            if n_glob:  # the global keys copied behind every block's keys
+                k = torch.cat([k, k_glob[:, None].expand(batch, m, kv_heads, n_glob, d).flatten(0, 1)], 2)
+                v = torch.cat([v, v_glob[:, None].expand(batch, m, kv_heads, n_glob, d).flatten(0, 1)], 2)
+                mask = torch.cat([mask, _block_mask(layout.global_key_mask, j, m, groups, kv_heads)], -1)
+            o = F.scaled_dot_product_attention(q_chunk, k, v, attn_mask=mask, dropout_p=dropout, scale=scaling)
         o = o.view(batch, m, kv_heads, groups, b, d).permute(0, 1, 4, 2, 3, 5)  # (B, m, b, K, G, D)
         out[:, j * b : (j + m) * b] = o.reshape(batch, m * b, kv_heads, groups, d)
     out = out[:, layout.front : layout.front + t].reshape(batch, t, heads, d).contiguous()  # (B, T, H, D)
     if layout.global_rows is not None:
-        rows = layout.global_rows.clamp(min=0)  # (B, R)
-        index = rows[:, :, None, None].expand(-1, -1, heads, d)
-        q_rows = torch.gather(query, 2, rows[:, None, :, None].expand(-1, heads, -1, d))
-        dense = _sdpa(module, q_rows, key, value, layout.global_mask, scaling, dropout)  # (B, R, H, D)
-        keep = (layout.global_rows >= 0)[:, :, None, None]
-        out = out.scatter(1, index, torch.where(keep, dense, torch.gather(out, 1, index)))
+        out = _global_query_rows(module, query, key, value, out, layout, scaling, dropout)
     return out, None
+
+
+def _block_mask(mask: torch.Tensor, j: int, m: int, groups: int, kv_heads: int) -> torch.Tensor:
+    """Blocks j..j+m of a layout mask (B, N, 1 or H, b, L) as SDPA's (B*m, 1 or K, G*b, L)."""
+    batch, _, heads, b, width = mask.shape
+    mask = mask[:, j : j + m]
+    if heads == 1:
+        if groups == 1:
+            return mask.reshape(batch * m, 1, b, width)
+        return mask.expand(batch, m, groups, b, width).reshape(batch * m, 1, groups * b, width)
+    return mask.reshape(batch * m, kv_heads, groups * b, width)
+
+
+def _global_query_rows(module, query, key, value, out, layout: BlockLayout, scaling, dropout) -> torch.Tensor:
+    """`out` (B, T, H, D), the backend's own buffer, with the rows of the global queries replaced in
+    place by their attention to every key they may see (one dense-rows SDPA call)."""
+    batch, heads, _, d = query.shape
+    rows = layout.global_rows.clamp(min=0)  # (B, R)
+    index = rows[:, :, None, None].expand(-1, -1, heads, d)
+    q_rows = torch.gather(query, 2, rows[:, None, :, None].expand(-1, heads, -1, d))
+    dense = _sdpa(module, q_rows, key, value, layout.global_mask, scaling, dropout)  # (B, R, H, D)
+    keep = (layout.global_rows >= 0)[:, :, None, None]
+    return out.scatter_(1, index, torch.where(keep, dense, torch.gather(out, 1, index)))
 
 
 def _sdpa(module, query, key, value, mask, scaling, dropout, transpose=True):
