@@ -42,8 +42,7 @@ class BlockLayout:
     mask: torch.Tensor  # (B, N, 1 or H, b, L) additive float mask of band + random keys
     global_keys: torch.Tensor | None  # (B, Gk) local indices of the global keys, one segment for all blocks
     global_key_mask: torch.Tensor | None  # (B, N, 1 or H, b, Gk) additive float mask of that segment
-    segment_shift: torch.Tensor | None  # (B, N, b) float: +inf rows only the global segment holds keys
-    # for, -inf rows only the band + random segment holds keys for, else 0 (see _MergedSegments)
+    dead: torch.Tensor | None  # (B, N, b) rows without any key in the band + random segment
     global_rows: torch.Tensor | None  # (B, R) local query rows that attend everywhere
     global_mask: torch.Tensor | None  # (B, 1 or H, R, S) additive float mask of those rows
 
@@ -115,24 +114,33 @@ def _random_extra(pattern: AttentionPattern, band_abs: torch.Tensor, q_abs: torc
     return keys, counted
 
 
-def _additive_blocks(pattern, q_abs, key_abs, counted, real_row, dtype) -> torch.Tensor:
+def _additive_blocks(pattern, q_abs, key_abs, counted, real_row, dtype, only=None) -> torch.Tensor:
     """The additive mask (B, N, 1 or H, b, L) of query blocks `q_abs` (N, b) over the gathered keys
     `key_abs` (B or 1, N, L): the pattern's predicate, restricted to the rows that are real and the
     entries `counted` (B or 1, N, b or 1, L) counts, plus the position bias. Evaluated a few blocks at a
-    time (int32, cache-sized temporaries)."""
+    time (int32, cache-sized temporaries); with `only` = (template (b, L), blocks (n,)) just on those
+    blocks, every other block taking the template (see `_regular_blocks`)."""
     device, batch = pattern.device, pattern.batch
     n_blocks, b, width = q_abs.shape[0], q_abs.shape[1], key_abs.shape[-1]
     bidx = torch.arange(batch, device=device)[:, None, None, None]
-    q32, k32 = q_abs.int(), key_abs.int()
     mask = torch.empty(batch, n_blocks, 1, b, width, dtype=dtype, device=device)
+    blocks = torch.arange(n_blocks, device=device)
+    if only is not None:
+        template, blocks = only
+        mask.copy_(template)
+    q32, k32 = q_abs[blocks].int(), key_abs[:, blocks].int()
     step = max(1, 2**18 // (b * max(width, 1)))
-    for j in range(0, n_blocks, step):
+    for j in range(0, len(blocks), step):
         part = slice(j, j + step)
         allowed = pattern.allowed(bidx, q32[None, part, :, None], k32[:, part, None, :])  # (B, n, b, L)
-        allowed = allowed & real_row[None, part, :, None]
+        allowed = allowed & real_row[blocks[part]][None, :, :, None]
         if counted is not None:
-            allowed = allowed & counted[:, part]
-        mask[:, part, 0] = torch.zeros((), dtype=dtype, device=device).masked_fill(~allowed, float("-inf"))
+            allowed = allowed & counted[:, blocks[part]]
+        values = torch.zeros((), dtype=dtype, device=device).masked_fill(~allowed, float("-inf"))
+        if only is None:
+            mask[:, part, 0] = values
+        else:
+            mask[:, blocks[part], 0] = values
     if pattern.bias_fn is not None:
         k_local = (key_abs - pattern.key_offset).clamp(0, pattern.key_length - 1).expand(batch, n_blocks, -1)
         k_pos = torch.gather(pattern.key_pos, 1, k_local.reshape(batch, -1)).view(batch, n_blocks, 1, -1)
@@ -148,7 +156,7 @@ def lower_sparse(pattern: AttentionPattern, dtype):
     tokens and the window, already O(window + globals) keys per query."""
     if pattern.kind == "full" or pattern.key_prefix:
         return lower_sdpa(pattern, dtype)
-    device, b, batch = pattern.device, pattern.block_size, pattern.batch
+    device, b = pattern.device, pattern.block_size
     first_block = pattern.query_offset // b
     front = pattern.query_offset - first_block * b
     n_blocks = -(-(front + pattern.query_length) // b)
@@ -167,7 +175,8 @@ def lower_sparse(pattern: AttentionPattern, dtype):
     if counted is not None:
         band_counted = torch.ones(*counted.shape[:3], band_length, dtype=torch.bool, device=device)
         counted = torch.cat([band_counted, counted], dim=-1)  # (B, N, b, L)
-    mask = _additive_blocks(pattern, q_abs, key_abs, counted, real_row, dtype)
+    only = None if counted is not None else _regular_blocks(pattern, q_abs, band_abs, dtype)
+    mask = _additive_blocks(pattern, q_abs, key_abs, counted, real_row, dtype, only)
 
     # Global keys: one segment shared by every query block, each key counted unless the block's band
     # already holds it.
@@ -202,20 +211,56 @@ def lower_sparse(pattern: AttentionPattern, dtype):
         mask=mask,
         global_keys=global_keys,
         global_key_mask=global_key_mask,
-        segment_shift=None if global_key_mask is None else _segment_shift(mask, global_key_mask),
+        dead=None if global_key_mask is None else _dead_rows(mask, None if only is None else only[1]),
         global_rows=global_rows,
         global_mask=global_mask,
     )
 
 
-def _segment_shift(mask: torch.Tensor, global_key_mask: torch.Tensor) -> torch.Tensor:
-    """(B, N, b): +inf for rows that hold keys only in the global segment, -inf for rows that hold keys
-    only in the band + random segment, 0 otherwise (the -inf entries do not depend on the head)."""
-    live1 = (mask[:, :, 0] > float("-inf")).any(-1)
-    live2 = (global_key_mask[:, :, 0] > float("-inf")).any(-1)
-    shift = torch.zeros(live1.shape, dtype=torch.float32, device=mask.device)
-    shift = shift.masked_fill(live2 & ~live1, float("inf"))
-    return shift.masked_fill(live1 & ~live2, float("-inf"))
+def _regular_blocks(pattern: AttentionPattern, q_abs: torch.Tensor, band_abs: torch.Tensor, dtype):
+    """For a window or window + global pattern: the band mask every query block shares when nothing
+    but the window decides within it, (b, band) additive, and the blocks where something else does
+    (a row beyond the queries, a band key beyond the keys or the tokens seen, a padding key, a global
+    key or query): those evaluate the predicate. None for packed rows and bigbird (every block
+    evaluates it)."""
+    if pattern.query_packing is not None or pattern.random_table is not None or pattern.key_prefix:
+        return None
+    device, b, band = pattern.device, q_abs.shape[1], band_abs.shape[1]
+    left = int(q_abs[0, 0] - band_abs[0, 0])
+    q_rel = torch.arange(b, device=device)[:, None]
+    k_rel = torch.arange(band, device=device)[None, :] - left
+    allowed = pattern.window_predicate(q_rel, k_rel)
+    if pattern.causal:
+        allowed = allowed & (k_rel <= q_rel)
+    template = torch.zeros((), dtype=dtype, device=device).masked_fill(~allowed, float("-inf"))
+
+    lo_k, hi_k = band_abs[:, 0] - pattern.key_offset, band_abs[:, -1] - pattern.key_offset + 1  # (N,) local
+    lo_q, hi_q = q_abs[:, 0] - pattern.query_offset, q_abs[:, -1] - pattern.query_offset + 1
+    irregular = (lo_q < 0) | (hi_q > pattern.query_length) | (lo_k < 0) | (hi_k > pattern.key_length)
+    irregular = irregular | (band_abs[:, -1] >= pattern.total_length)
+
+    def any_in(flags, lo, hi):  # (B, N): a True flag at a local index in [lo, hi)
+        count = F.pad(flags.int().cumsum(-1), (1, 0))
+        length = flags.shape[-1]
+        return count[:, hi.clamp(0, length)] > count[:, lo.clamp(0, length)]
+
+    if pattern.key_valid is not None:
+        irregular = irregular | any_in(~pattern.key_valid, lo_k, hi_k).any(0)
+    if pattern.global_keys is not None:
+        irregular = irregular | any_in(pattern.global_keys, lo_k, hi_k).any(0)
+    if pattern.global_queries is not None:
+        irregular = irregular | any_in(pattern.global_queries, lo_q, hi_q).any(0)
+    return template, irregular.nonzero()[:, 0]
+
+
+def _dead_rows(mask: torch.Tensor, blocks: torch.Tensor | None) -> torch.Tensor:
+    """(B, N, b): rows without any allowed key in `mask` (B, N, 1 or H, b, L). Only `blocks` can hold
+    such rows when given (the others have the window's template, where every row sees itself)."""
+    if blocks is None:
+        return ~(mask[:, :, 0] > float("-inf")).any(-1)
+    dead = torch.zeros(mask.shape[0], mask.shape[1], mask.shape[3], dtype=torch.bool, device=mask.device)
+    dead[:, blocks] = ~(mask[:, blocks, 0] > float("-inf")).any(-1)
+    return dead
 
 
 LOWERINGS["sparse"] = lower_sparse
@@ -247,50 +292,78 @@ def _gather_keys(x: torch.Tensor, layout: BlockLayout, blocks: range) -> torch.T
     return torch.cat([bands, extra], dim=3)
 
 
-class _MergedSegments(torch.autograd.Function):
-    """Attention of the same queries over two key segments, merged by log-sum-exp: exactly softmax
-    attention over the union of the segments, without copying them into one tensor.
+def _merge(q, k1, v1, s2, s2_max, v2, mask1, dead1, scale):
+    """Softmax attention of `q` (B, K, G*b, D) over segment 1 (keys `k1`, values `v1`, additive `mask1`)
+    and segment 2 (scores `s2` (B, K, G*b, Gk) already scaled and masked, their row maxima `s2_max`,
+    values `v2` (B, K, Gk, D)), merged by log-sum-exp. Segment 1 runs torch's fused CPU kernel, which
+    also returns each row's log-sum-exp l1; with m = max(l1, max s2) the merged row is
 
-    CPU only: both segments run torch's fused CPU kernel, which also returns each row's log-sum-exp
-    l1, l2. The merged row is o1 + (o2 - o1) * sigmoid(l2 - l1). A segment with no key for a row
-    returns 0 there and a meaningless log-sum-exp, so `shift` (+inf, -inf or 0 per row, added to
-    l2 - l1) gives the other segment all the weight. Backward runs the kernel's backward once per
-    segment with the *merged* output and log-sum-exp: with those, each segment's recomputed
-    probabilities are the union's, so the two calls give the exact gradients (the query's being their
-    sum). Rows without any key come out 0 with zero gradients."""
+        (e^(l1 - m) o1 + sum_j e^(s2_j - m) v2_j) / (e^(l1 - m) + sum_j e^(s2_j - m)).
+
+    Segment 1 holds no key for a row where `dead1` (B, 1, G*b) is True (the kernel then returns 0 and
+    a meaningless l1, replaced by -inf); rows without any key come out 0 with a very negative (finite)
+    log-sum-exp. Returns (output, log-sum-exp)."""
+    o1, l1 = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+        q, k1, v1, attn_mask=mask1, scale=scale
+    )
+    l1 = l1.masked_fill_(dead1, float("-inf"))  # (B, K, G*b)
+    top = torch.maximum(l1, s2_max).clamp_min_(torch.finfo(l1.dtype).min)
+    p2 = torch.exp(s2 - top[..., None])
+    w1 = torch.exp(l1.sub_(top))
+    total = p2.sum(-1).add_(w1).clamp_min_(torch.finfo(l1.dtype).tiny)
+    o1.mul_(w1.div_(total)[..., None]).add_(torch.matmul(p2.div_(total[..., None]), v2))
+    return o1, total.log_().add_(top)
+
+
+class _MergedSegments(torch.autograd.Function):
+    """`_merge` with gradients. Backward runs the fused kernel's backward for segment 1 with the
+    *merged* output and log-sum-exp (its recomputed probabilities are then the union's, so it returns
+    the exact gradients of segment 1's keys and values and its share of the query's), and the same
+    formulas by hand for segment 2's scores and values. Rows without any key get zero gradients."""
 
     @staticmethod
-    def forward(ctx, q, k1, v1, k2, v2, mask1, mask2, shift, scale):
-        flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
-        o1, l1 = flash(q, k1, v1, attn_mask=mask1, scale=scale)
-        o2, l2 = flash(q, k2, v2, attn_mask=mask2, scale=scale)
-        diff = torch.sub(l2, l1).add_(shift).nan_to_num_(0.0, float("inf"), float("-inf"))  # (B, K, G*b)
-        out = torch.lerp(o1, o2, torch.sigmoid(diff)[..., None].to(o1.dtype))
-        if ctx.needs_input_grad[0] or any(ctx.needs_input_grad[1:5]):
-            # log(e^l1 + e^l2), finite everywhere (rows without keys have all-(-inf) scores: their
-            # recomputed probabilities are 0 for any finite value)
-            lse = torch.where(diff > 0, l2, l1) + torch.log1p(torch.exp(-diff.abs()))
-            lse = lse.nan_to_num_(0.0, 0.0, 0.0)
-            ctx.save_for_backward(q, k1, v1, k2, v2, mask1, mask2, out, lse)
+    def forward(ctx, q, k1, v1, s2, s2_max, v2, mask1, dead1, scale):
+        out, lse = _merge(q, k1, v1, s2, s2_max, v2, mask1, dead1, scale)
+        ctx.save_for_backward(q, k1, v1, s2, v2, mask1, out, lse)
         ctx.scale = scale
         return out
 
     @staticmethod
     def backward(ctx, grad):
-        q, k1, v1, k2, v2, mask1, mask2, out, lse = ctx.saved_tensors
+        q, k1, v1, s2, v2, mask1, out, lse = ctx.saved_tensors
         grad = grad.contiguous()
         back = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward
-        dq1, dk1, dv1 = back(grad, q, k1, v1, out, lse, 0.0, False, attn_mask=mask1, scale=ctx.scale)
-        dq2, dk2, dv2 = back(grad, q, k2, v2, out, lse, 0.0, False, attn_mask=mask2, scale=ctx.scale)
-        return dq1 + dq2, dk1, dv1, dk2, dv2, None, None, None, None
+        dq, dk1, dv1 = back(grad, q, k1, v1, out, lse, 0.0, False, attn_mask=mask1, scale=ctx.scale)
+        p2 = torch.exp(s2 - lse[..., None])  # the union's probabilities of the global keys
+        dv2 = torch.matmul(p2.transpose(-1, -2), grad)
+        ds2 = p2 * (torch.matmul(grad, v2.transpose(-1, -2)) - (grad * out).sum(-1, keepdim=True))
+        return dq, dk1, dv1, ds2, None, dv2, None, None, None
+
+
+def _global_scores(q, k_glob, mask, scale, groups):
+    """Scaled, masked scores of every query (B, H, N*b, D) against the global keys (B, K, Gk, D), once
+    for all blocks: (B, N, K, G, b, Gk), with the layout's global-key mask (B, N, 1 or H, b, Gk)."""
+    batch, heads, rows, d = q.shape
+    kv_heads, n_glob = k_glob.shape[1], k_glob.shape[2]
+    n, b = mask.shape[1], mask.shape[3]
+    q = q.view(batch, kv_heads, groups, rows, d)
+    s = torch.matmul(q, k_glob[:, :, None].transpose(-1, -2))  # (B, K, G, N*b, Gk)
+    s = s.view(batch, kv_heads, groups, n, b, n_glob).permute(0, 3, 1, 2, 4, 5)  # (B, N, K, G, b, Gk)
+    mask = (
+        mask.view(batch, n, -1, 1, b, n_glob)
+        if mask.shape[2] == 1
+        else mask.view(batch, n, kv_heads, groups, b, n_glob)
+    )
+    return torch.addcmul(mask, s, torch.tensor(scale, dtype=s.dtype, device=s.device))
 
 
 def _merge_segments(query, layout, mask, dropout) -> bool:
     """Whether the global segment can run beside the band (`_MergedSegments`) rather than copied into
-    every block's keys: CPU, a dtype the fused kernel takes, no dropout, no gradient for the mask."""
+    every block's keys: CPU, fp32 or fp64 (the merge does its arithmetic in the input dtype), no
+    dropout, no gradient for the mask (a learned position bias)."""
     return (
         query.device.type == "cpu"
-        and query.dtype in (torch.float32, torch.float64, torch.bfloat16, torch.float16)
+        and query.dtype in (torch.float32, torch.float64)
         and dropout == 0.0
         and not (torch.is_grad_enabled() and (mask.requires_grad or layout.global_key_mask.requires_grad))
     )
@@ -315,9 +388,9 @@ def sparse_attention_forward(
     groups = heads // kv_heads
     n, b = layout.n_blocks, layout.block
     back = n * b - layout.front - t
-    q = F.pad(query, (0, 0, layout.front, back)) if layout.front or back else query  # (B, H, N*b, D)
+    q_padded = F.pad(query, (0, 0, layout.front, back)) if layout.front or back else query  # (B, H, N*b, D)
     # The G query heads that share a kv head become rows of the same block: (B, N, K, G, b, D).
-    q = q.view(batch, kv_heads, groups, n, b, d).permute(0, 3, 1, 2, 4, 5)
+    q = q_padded.view(batch, kv_heads, groups, n, b, d).permute(0, 3, 1, 2, 4, 5)
     width = layout.band_length + (layout.extra_keys.shape[-1] if layout.extra_keys is not None else 0)
     n_glob = 0 if layout.global_keys is None else layout.global_keys.shape[1]
     merge = n_glob > 0 and _merge_segments(query, layout, layout.mask, dropout)
@@ -325,6 +398,13 @@ def sparse_attention_forward(
         rows = torch.arange(batch, device=key.device)[:, None]
         k_glob = key.transpose(1, 2)[rows, layout.global_keys].transpose(1, 2)  # (B, K, Gk, D)
         v_glob = value.transpose(1, 2)[rows, layout.global_keys].transpose(1, 2)
+    if merge:
+        scale = d**-0.5 if scaling is None else scaling
+        s_glob = _global_scores(
+            q_padded, k_glob, layout.global_key_mask, scale, groups
+        )  # (B, N, K, G, b, Gk)
+        s_glob_max = s_glob.detach().amax(-1)
+        grad = torch.is_grad_enabled() and (query.requires_grad or key.requires_grad or value.requires_grad)
     per_chunk = max(1, CHUNK_BYTES // (2 * batch * kv_heads * (width + n_glob) * d * key.element_size()))
     if torch.is_grad_enabled() and (query.requires_grad or key.requires_grad or value.requires_grad):
         per_chunk = n  # backward keeps every block's gathered keys anyway: one call
@@ -336,28 +416,27 @@ def sparse_attention_forward(
         v = _gather_keys(value, layout, blocks).reshape(batch * m, kv_heads, width, d)
         mask = _block_mask(layout.mask, j, m, groups, kv_heads)
         q_chunk = q[:, j : j + m].reshape(batch * m, kv_heads, groups * b, d)
+        target = out[:, j * b : (j + m) * b].view(batch, m, b, kv_heads, groups, d).permute(0, 1, 3, 4, 2, 5)
         if merge:
-            glob = lambda x: x[:, None].expand(batch, m, kv_heads, n_glob, d).reshape(batch * m, kv_heads, n_glob, d)  # noqa: E731
-            shift = layout.segment_shift[:, j : j + m, None, None].expand(batch, m, 1, groups, b)
-            o = _MergedSegments.apply(
-                q_chunk,
-                k,
-                v,
-                glob(k_glob),
-                glob(v_glob),
-                mask,
-                _block_mask(layout.global_key_mask, j, m, groups, kv_heads),
-                shift.reshape(batch * m, 1, groups * b).to(query.dtype),
-                scaling,
+            s2 = s_glob[:, j : j + m].reshape(batch * m, kv_heads, groups * b, n_glob)
+            v2 = v_glob[:, None].expand(batch, m, kv_heads, n_glob, d).reshape(batch * m, kv_heads, n_glob, d)
+            dead = (
+                layout.dead[:, j : j + m, None, None]
+                .expand(batch, m, 1, groups, b)
+                .reshape(batch * m, 1, groups * b)
             )
+            s2_max = s_glob_max[:, j : j + m].reshape(batch * m, kv_heads, groups * b)
+            merged = _MergedSegments.apply if grad else lambda *args: _merge(*args)[0]
+            o = merged(q_chunk, k, v, s2, s2_max, v2, mask, dead, scale)
         else:
             if n_glob:  # the global keys copied behind every block's keys
                 k = torch.cat([k, k_glob[:, None].expand(batch, m, kv_heads, n_glob, d).flatten(0, 1)], 2)
                 v = torch.cat([v, v_glob[:, None].expand(batch, m, kv_heads, n_glob, d).flatten(0, 1)], 2)
                 mask = torch.cat([mask, _block_mask(layout.global_key_mask, j, m, groups, kv_heads)], -1)
-            o = F.scaled_dot_product_attention(q_chunk, k, v, attn_mask=mask, dropout_p=dropout, scale=scaling)
-        o = o.view(batch, m, kv_heads, groups, b, d).permute(0, 1, 4, 2, 3, 5)  # (B, m, b, K, G, D)
-        out[:, j * b : (j + m) * b] = o.reshape(batch, m * b, kv_heads, groups, d)
+            o = F.scaled_dot_product_attention(
+                q_chunk, k, v, attn_mask=mask, dropout_p=dropout, scale=scaling
+            )
+        target.copy_(o.view(batch, m, kv_heads, groups, b, d))
     out = out[:, layout.front : layout.front + t].reshape(batch, t, heads, d).contiguous()  # (B, T, H, D)
     if layout.global_rows is not None:
         out = _global_query_rows(module, query, key, value, out, layout, scaling, dropout)
@@ -376,15 +455,16 @@ def _block_mask(mask: torch.Tensor, j: int, m: int, groups: int, kv_heads: int) 
 
 
 def _global_query_rows(module, query, key, value, out, layout: BlockLayout, scaling, dropout) -> torch.Tensor:
-    """`out` (B, T, H, D), the backend's own buffer, with the rows of the global queries replaced in
-    place by their attention to every key they may see (one dense-rows SDPA call)."""
+    """`out` (B, T, H, D), the backend's own buffer, with the rows of the global queries replaced (in
+    place without autograd) by their attention to every key they may see (one dense-rows SDPA call)."""
     batch, heads, _, d = query.shape
     rows = layout.global_rows.clamp(min=0)  # (B, R)
     index = rows[:, :, None, None].expand(-1, -1, heads, d)
     q_rows = torch.gather(query, 2, rows[:, None, :, None].expand(-1, heads, -1, d))
     dense = _sdpa(module, q_rows, key, value, layout.global_mask, scaling, dropout)  # (B, R, H, D)
     keep = (layout.global_rows >= 0)[:, :, None, None]
-    return out.scatter_(1, index, torch.where(keep, dense, torch.gather(out, 1, index)))
+    rows = torch.where(keep, dense, torch.gather(out, 1, index))
+    return out.scatter(1, index, rows) if out.requires_grad else out.scatter_(1, index, rows)
 
 
 def _sdpa(module, query, key, value, mask, scaling, dropout, transpose=True):
