@@ -456,15 +456,19 @@ def _block_mask(mask: torch.Tensor, j: int, m: int, groups: int, kv_heads: int) 
 
 def _global_query_rows(module, query, key, value, out, layout: BlockLayout, scaling, dropout) -> torch.Tensor:
     """`out` (B, T, H, D), the backend's own buffer, with the rows of the global queries replaced (in
-    place without autograd) by their attention to every key they may see (one dense-rows SDPA call)."""
-    batch, heads, _, d = query.shape
+    place without autograd) by their attention to every key they may see (one dense-rows SDPA call).
+    Batch rows with fewer global queries than others pad `global_rows` with -1; those entries are
+    left out (scattering them too would write the same row twice, in an undefined order)."""
+    heads, d = query.shape[1], query.shape[3]
     rows = layout.global_rows.clamp(min=0)  # (B, R)
-    index = rows[:, :, None, None].expand(-1, -1, heads, d)
     q_rows = torch.gather(query, 2, rows[:, None, :, None].expand(-1, heads, -1, d))
     dense = _sdpa(module, q_rows, key, value, layout.global_mask, scaling, dropout)  # (B, R, H, D)
-    keep = (layout.global_rows >= 0)[:, :, None, None]
-    rows = torch.where(keep, dense, torch.gather(out, 1, index))
-    return out.scatter(1, index, rows) if out.requires_grad else out.scatter_(1, index, rows)
+    batch_idx, slot = (layout.global_rows >= 0).nonzero(as_tuple=True)
+    index = (batch_idx, layout.global_rows[batch_idx, slot])
+    if out.requires_grad:
+        return out.index_put(index, dense[batch_idx, slot])
+    out[index] = dense[batch_idx, slot]
+    return out
 
 
 def _sdpa(module, query, key, value, mask, scaling, dropout, transpose=True):
