@@ -286,7 +286,7 @@ def uptime() -> str:
     return subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
 
 
-def globals_table(n: int = 8192, counts=(0, 1, 16), rounds: int = 5) -> None:
+def globals_table(n: int = 8192, counts=(0, 1, 16), rounds: int = 3) -> None:
     """The cost of global tokens: one layer at `n` tokens with 0, 1 and 16 global tokens, every time
     measured interleaved with the others of its row (see measure.interleaved), and the encoder row."""
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, fp32; CPU: {cpu_model()}")
@@ -316,7 +316,7 @@ def globals_table(n: int = 8192, counts=(0, 1, 16), rounds: int = 5) -> None:
         with torch.no_grad():
             rows[g] = interleaved(fns, rounds)
         rows[g]["layer"] = rows[g]["core"] + rows[g]["mask"]
-        rows[g].update(backward_pair(pattern, max(2, rounds // 2)))
+        rows[g].update(backward_pair(pattern, 2))
     # the 0/1/16 ratios come from one interleaved run, so that they share the machine's state
     cores = {}
     for g in counts:
@@ -325,7 +325,7 @@ def globals_table(n: int = 8192, counts=(0, 1, 16), rounds: int = 5) -> None:
         )[0]
         cores[f"mask {g}"] = lambda pattern=patterns[g]: lower(pattern, "sparse", q.dtype)
     with torch.no_grad():
-        side = interleaved(cores, 2 * rounds)
+        side = interleaved(cores, 10)
     base_core, base_layer = side[f"core {counts[0]}"], side[f"core {counts[0]}"] + side[f"mask {counts[0]}"]
     print(
         "| globals | sparse core (ms) | mask (ms) | core / core(0) | layer / layer(0) | SDPA-dense (ms) | SDPA / sparse layer "

@@ -268,7 +268,7 @@ LOWERINGS["sparse"] = lower_sparse
 
 # Query blocks handled per SDPA call without gradients: bounds the gathered keys and values (and keeps
 # them in cache while the kernel reads them). Measured on a 2-core CPU; see benchmarks/attention_sparse.py.
-CHUNK_BYTES = 16 * 2**20
+CHUNK_BYTES = 4 * 2**20
 
 
 def _gather_keys(x: torch.Tensor, layout: BlockLayout, blocks: range) -> torch.Tensor:
@@ -405,7 +405,11 @@ def sparse_attention_forward(
         )  # (B, N, K, G, b, Gk)
         s_glob_max = s_glob.detach().amax(-1)
         grad = torch.is_grad_enabled() and (query.requires_grad or key.requires_grad or value.requires_grad)
-    per_chunk = max(1, CHUNK_BYTES // (2 * batch * kv_heads * (width + n_glob) * d * key.element_size()))
+    # keys and values copied per block: gathered random keys, or global keys behind every band
+    copied = (width - layout.band_length) + (0 if merge else n_glob)
+    # the bands alone are views of `key`, so the budget counts them 1/4 (fewer, larger kernel calls)
+    per_block = 2 * batch * kv_heads * (copied + layout.band_length / 4) * d * key.element_size()
+    per_chunk = max(1, int(CHUNK_BYTES // per_block))
     if torch.is_grad_enabled() and (query.requires_grad or key.requires_grad or value.requires_grad):
         per_chunk = n  # backward keeps every block's gathered keys anyway: one call
     out = query.new_empty(batch, n * b, kv_heads, groups, d)  # written chunk by chunk, in the final layout
