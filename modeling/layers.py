@@ -64,7 +64,8 @@ _IN_PLACE = {
 # Without gradients the MLP runs this many bytes of intermediate activations at a time: glibc hands
 # larger blocks out as fresh mappings, so a whole (T, intermediate) activation page-faults and is
 # zero-filled by the kernel on every layer (measured: about as long as the GELU itself, and not spread
-# over threads); chunks of rows are reused from the heap instead.
+# over threads); chunks of rows are reused from the heap instead. Forward hooks on the projections are
+# then called once per chunk.
 MLP_CHUNK_BYTES = 16 * 2**20
 
 
