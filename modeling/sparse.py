@@ -7,10 +7,15 @@ block gathers only the keys its rows may need, in three segments:
     globals  the global keys (per batch row)
     random   the block's random key blocks (bigbird)
 
-and one call of `F.scaled_dot_product_attention` attends each block to its gathered keys with an
-additive mask built from the *same predicate* the dense backends use (masks.AttentionPattern),
-restricted so that every allowed (query, key) pair is counted in exactly one segment. Queries that
-are themselves global attend to all keys in a second, dense-rows call whose result replaces theirs.
+and each pair (query, key) the pattern allows is counted in exactly one segment, with additive masks
+built from the *same predicate* the dense backends use (masks.AttentionPattern); blocks where only the
+window decides share one template band mask. The band (plus random keys) of a chunk of blocks is one
+fused-kernel call. The global keys are the same for every block: on CPU (fp32/fp64, no dropout, no
+learned bias) their scores for all queries are one matmul and the two segments are merged per row
+by log-sum-exp (`_merge`, `_MergedSegments`), so no band is ever copied; otherwise they are copied
+behind each block's band and the block runs one `F.scaled_dot_product_attention` call. Queries that
+are themselves global attend to all keys in a second, dense-rows call whose result replaces theirs
+(`_global_query_rows`; skipped when the layout has no `global_rows`).
 
 Cost: time and memory O(T * (window + globals + random)), forward and backward (autograd through
 gather, SDPA's fused CPU/CUDA kernel and scatter), no torch.compile. Shape legend: B batch, H query
