@@ -2,6 +2,7 @@
 
     python benchmarks/attention_sparse.py            # the full table (about 10 minutes on 2 cores)
     python benchmarks/attention_sparse.py --quick    # 1k and 4k only
+    python benchmarks/attention_sparse.py --globals  # the cost of global tokens (about 3 minutes)
 
 Layer: 12 heads x 64, batch 1, fp32, bidirectional. Pattern "window+global": each query sees the keys
 within 128 positions on either side (sliding_window=129: a 257-key window) plus 1 global token;
@@ -71,9 +72,12 @@ def matmul_peak_gflops() -> float:
     return 2 * 2048**3 / timed(lambda: a @ b, 10) / 1e9
 
 
-def make_pattern(n: int, kind: str) -> AttentionPattern:
+def make_pattern(n: int, kind: str, globals_: int = GLOBALS) -> AttentionPattern:
+    """`globals_` leading global tokens; 0 gives a plain sliding window (kind "sliding")."""
     glob = torch.zeros(1, n, dtype=torch.bool)
-    glob[:, :GLOBALS] = True
+    glob[:, :globals_] = True
+    if kind == "sliding_global" and not globals_:
+        kind, glob = "sliding", None
     pattern = AttentionPattern(
         kind=kind,
         causal=False,
@@ -221,8 +225,9 @@ def backward_row(n: int, repeats: int):
     return times
 
 
-def model_row(repeats: int):
-    n = 4096
+def encoders(n: int = 4096):
+    """transformers' LongformerModel and swapformer's `sparse` encoder of the same (BERT-base) size and
+    window, random weights, and their inputs (the first token global)."""
     longformer = LongformerModel(
         LongformerConfig(
             attention_window=512,
@@ -256,6 +261,11 @@ def model_row(repeats: int):
     ids = torch.randint(5, 1000, (1, n))
     glob = torch.zeros_like(ids)
     glob[:, 0] = 1
+    return longformer, ours, ids, glob
+
+
+def model_row(repeats: int):
+    longformer, ours, ids, glob = encoders()
     with torch.no_grad():
         t_long = timed(lambda: longformer(ids, global_attention_mask=glob), repeats)
         t_ours = timed(lambda: ours(ids), repeats)
@@ -267,17 +277,122 @@ def model_row(repeats: int):
     return t_ours, t_long, linear
 
 
+def cpu_model() -> str:
+    with open("/proc/cpuinfo") as f:
+        return next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), "unknown")
+
+
+def uptime() -> str:
+    return subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
+
+
+def globals_table(n: int = 8192, counts=(0, 1, 16), rounds: int = 3) -> None:
+    """The cost of global tokens: one layer at `n` tokens with 0, 1 and 16 global tokens, every time
+    measured interleaved with the others of its row (see measure.interleaved), and the encoder row."""
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, fp32; CPU: {cpu_model()}")
+    print(f"uptime before: {uptime()}\n")
+    print(
+        f"One attention layer ({HEADS} heads x {HEAD_DIM}, batch 1, bidirectional), {n} tokens, window +-{WINDOW - 1} "
+        f"(sliding_window={WINDOW}), block {BLOCK}; g leading global tokens (0: a plain sliding window).\n"
+        "core: the attention call alone; mask: building the layer's mask (BlockLayout; a model builds it once per "
+        "layer type per forward); layer = mask + core, what one layer pays. SDPA (dense mask) and flex (compiled, "
+        "BlockMask) times include building their masks. Forward+backward: masks built beforehand.\n"
+    )
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(1, HEADS, n, HEAD_DIM) for _ in range(3))
+    rows, module = {}, Layer("sparse")
+    patterns = {g: make_pattern(n, "sliding_global", g) for g in counts}
+    layouts = {g: lower(patterns[g], "sparse", q.dtype) for g in counts}
+    for g in counts:
+        pattern, layout = patterns[g], layouts[g]
+        fns = {
+            "core": lambda layout=layout: sparse_attention_forward(
+                module, q, k, v, layout, scaling=HEAD_DIM**-0.5
+            )[0],
+            "mask": lambda pattern=pattern: lower(pattern, "sparse", q.dtype),
+            "sdpa": attention_call("sdpa", pattern, q, k, v),
+            "flex": attention_call("flex_attention", pattern, q, k, v),
+        }
+        with torch.no_grad():
+            rows[g] = interleaved(fns, rounds)
+        rows[g]["layer"] = rows[g]["core"] + rows[g]["mask"]
+        rows[g].update(backward_pair(pattern, 2))
+    # the 0/1/16 ratios come from one interleaved run, so that they share the machine's state
+    cores = {}
+    for g in counts:
+        cores[f"core {g}"] = lambda layout=layouts[g]: sparse_attention_forward(
+            module, q, k, v, layout, scaling=HEAD_DIM**-0.5
+        )[0]
+        cores[f"mask {g}"] = lambda pattern=patterns[g]: lower(pattern, "sparse", q.dtype)
+    with torch.no_grad():
+        side = interleaved(cores, 10)
+    base_core, base_layer = side[f"core {counts[0]}"], side[f"core {counts[0]}"] + side[f"mask {counts[0]}"]
+    print(
+        "| globals | sparse core (ms) | mask (ms) | core / core(0) | layer / layer(0) | SDPA-dense (ms) | SDPA / sparse layer "
+        "| flex (ms) | flex / sparse layer | fwd+bwd SDPA (ms) | fwd+bwd sparse (ms) | SDPA / sparse fwd+bwd |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    for g in counts:
+        r = rows[g]
+        core_ratio = side[f"core {g}"] / base_core
+        layer_ratio = (side[f"core {g}"] + side[f"mask {g}"]) / base_layer
+        print(
+            f"| {g} | {r['core'] * 1e3:.1f} | {r['mask'] * 1e3:.1f} | {core_ratio:.3f} | {layer_ratio:.3f} "
+            f"| {r['sdpa'] * 1e3:.0f} | {r['sdpa'] / r['layer']:.1f}x | {r['flex'] * 1e3:.0f} | {r['flex'] / r['layer']:.1f}x "
+            f"| {r['fb sdpa'] * 1e3:.0f} | {r['fb sparse'] * 1e3:.0f} | {r['fb sdpa'] / r['fb sparse']:.1f}x |",
+            flush=True,
+        )
+    longformer, ours, ids, glob = encoders()
+    with torch.no_grad():
+        best = interleaved(
+            {"longformer": lambda: longformer(ids, global_attention_mask=glob), "ours": lambda: ours(ids)}, 2
+        )
+    print(
+        f"\nBERT-base-shaped encoder, {ids.shape[1]} tokens, window +-256, 1 global token, forward: swapformer sparse "
+        f"{best['ours'] * 1e3:.0f} ms, transformers LongformerModel {best['longformer'] * 1e3:.0f} ms: "
+        f"{best['longformer'] / best['ours']:.2f}x"
+    )
+    print(f"uptime after: {uptime()}")
+
+
+def backward_pair(pattern: AttentionPattern, rounds: int) -> dict:
+    """Forward+backward of SDPA (dense mask) and sparse, interleaved; masks built beforehand."""
+    n = pattern.query_length
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(1, HEADS, n, HEAD_DIM, requires_grad=True) for _ in range(3))
+    fns = {}
+    for backend in ("sdpa", "sparse"):
+        with torch.no_grad():
+            mask = lower(pattern, backend, q.dtype)
+        call, module = backend_function(backend), Layer(backend)
+
+        def step(call=call, mask=mask, module=module):
+            out = call(module, q, k, v, mask, scaling=HEAD_DIM**-0.5)[0]
+            out.sum().backward()
+            q.grad = k.grad = v.grad = None
+
+        fns[f"fb {backend}"] = step
+    return interleaved(fns, rounds)
+
+
 def main():
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--quick", action="store_true", help="1k and 4k only, no model row")
+    parser.add_argument(
+        "--globals",
+        action="store_true",
+        help="only the table of 0, 1 and 16 global tokens at 8k, and the encoder",
+    )
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--memory-child", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.memory_child:
         return measure_memory([int(n) for n in args.memory_child.split(",")])
     torch.set_num_threads(torch.get_num_threads())
+    if args.globals:
+        return globals_table()
     sizes = [1024, 4096] if args.quick else [1024, 4096, 8192, 16384]
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, fp32")
     peak, results = layer_table(sizes, args.repeats)

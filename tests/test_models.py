@@ -329,3 +329,30 @@ def test_peft_lora_on_hf_standard_names():
     out = peft_model(input_ids=ids, attention_mask=mask, labels=ids)
     out.loss.backward()
     assert all(p.grad is not None for n, p in peft_model.named_parameters() if p.requires_grad)
+
+
+@pytest.mark.parametrize("mlp_type,act", [("mlp", "gelu"), ("gated", "silu"), ("mlp", "gelu_new")])
+def test_mlp_without_gradients_in_row_chunks_equals_one_pass(mlp_type, act, monkeypatch):
+    """Without gradients the MLP runs rows a chunk at a time with an in-place activation (no fresh
+    whole-sequence intermediate per layer); the result equals one pass, and a forward hook on the
+    projection feeding the activation sees its output untouched (the activation is then not in place)."""
+    from swapformer.modeling import layers
+
+    config = tiny_config("encoder", mlp_type=mlp_type, hidden_act=act)
+    mlp = layers.MLP(config).eval()
+    x = torch.randn(2, 37, config.hidden_size)
+    with torch.enable_grad():
+        whole = mlp(x).detach()  # the path with gradients: one pass, out-of-place activation
+    rows = 2 * 37
+    monkeypatch.setattr(layers, "MLP_CHUNK_BYTES", 5 * config.intermediate_size * x.element_size())
+    seen = []
+    with torch.no_grad():
+        chunked = mlp(x)
+        source = mlp.up_proj if mlp.gate_proj is None else mlp.gate_proj
+        handle = source.register_forward_hook(lambda module, args, out: seen.append((out, out.clone())))
+        hooked = mlp(x)
+        handle.remove()
+    assert chunked.shape == whole.shape and max_diff(chunked, whole) <= 1e-6
+    assert max_diff(hooked, whole) <= 1e-6
+    assert len(seen) == -(-rows // 5)  # one call per chunk of 5 rows
+    assert all(torch.equal(out, copy) for out, copy in seen)

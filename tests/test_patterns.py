@@ -425,3 +425,143 @@ def test_sparse_block_chunks_give_the_same_result(layer_type, monkeypatch):
     with torch.enable_grad():
         grad_path = model(ids, attention_mask=mask).last_hidden_state.detach()
     assert max_diff(grad_path, chunked) <= 1e-6
+
+
+def _layer_pattern(
+    causal, padding, globals_per_row, length=45, batch=2, query_offset=0, key_offset=0, slots=0, bias=False
+):
+    """A window + global pattern for one sparse layer: row r has `globals_per_row[r]` global tokens (the
+    first real ones), `padding` pads row 1 by 9 tokens; `query_offset` > 0 is a cached chunk, `key_offset`
+    a window cache that dropped keys, `slots` empty static-cache slots after the keys."""
+    from swapformer.modeling.masks import AttentionPattern
+
+    total = query_offset + length
+    keys = total - key_offset + slots
+    key_valid = torch.ones(batch, keys, dtype=torch.bool)
+    if padding == "left":
+        key_valid[1, :9] = False
+    elif padding == "right":
+        key_valid[1, total - key_offset - 9 : total - key_offset] = False
+    real = key_valid.long().cumsum(-1) - 1 + key_offset  # position among real tokens, for key_offset = 0
+    glob = key_valid & (real < torch.tensor(globals_per_row)[:, None])
+    bias_kw = {}
+    if bias:
+        positions = torch.arange(key_offset, key_offset + keys)[None].expand(batch, -1)
+        bias_kw = dict(
+            bias_fn=lambda q, k: 0.05 * (q - k).float()[..., None] * torch.tensor([1.0, -2.0, 0.5, 3.0]),
+            query_pos=torch.arange(query_offset, total)[None].expand(batch, -1),
+            key_pos=positions,
+        )
+    return AttentionPattern(
+        kind="sliding_global" if any(globals_per_row) else "sliding",
+        causal=causal,
+        batch=batch,
+        query_offset=query_offset,
+        query_length=length,
+        key_offset=key_offset,
+        key_length=keys,
+        total_length=total,
+        device=torch.device("cpu"),
+        window=5,
+        block_size=8,
+        key_valid=key_valid if padding != "none" else None,
+        global_keys=glob if any(globals_per_row) else None,
+        global_queries=glob[:, query_offset - key_offset :]
+        if any(globals_per_row) and not key_offset
+        else None,
+        **bias_kw,
+    )
+
+
+@pytest.mark.parametrize("kv_heads", [4, 2], ids=["mha", "gqa"])
+@pytest.mark.parametrize("padding", ["none", "left", "right"])
+@pytest.mark.parametrize("causal", [False, True], ids=["bidirectional", "causal"])
+def test_sparse_global_segment_merged_by_logsumexp(causal, padding, kv_heads, monkeypatch):
+    """The global keys run as one segment beside each block's band, merged by log-sum-exp; that equals
+    dense SDPA with the pattern's mask and the path that copies the global keys behind every block's
+    band, outputs (with and without gradients, chunked or not) and gradients, in fp64. Rows without
+    any key (causal, left padding) come out 0 on both sparse paths."""
+    from swapformer.modeling import sparse
+    from swapformer.modeling.masks import lower
+
+    pattern = _layer_pattern(causal, padding, [1, 3])
+    layout = lower(pattern, "sparse", torch.float64)
+    assert layout.global_keys is not None and layout.global_keys.shape[1] == 3
+    torch.manual_seed(0)
+    q = torch.randn(2, 4, 45, 8, dtype=torch.float64, requires_grad=True)
+    k, v = (torch.randn(2, kv_heads, 45, 8, dtype=torch.float64, requires_grad=True) for _ in range(2))
+    module = torch.nn.Module()
+    module.is_causal = causal
+    allowed = pattern.dense_allowed()
+    reps = 4 // kv_heads
+    ref = torch.nn.functional.scaled_dot_product_attention(
+        q, k.repeat_interleave(reps, 1), v.repeat_interleave(reps, 1), attn_mask=allowed
+    ).transpose(1, 2)
+    live = allowed[:, 0].any(-1)  # (B, T)
+    assert bool((~live).any()) == (causal and padding == "left")
+    probe = torch.randn(ref.shape, dtype=torch.float64) * live[:, :, None, None]
+    ref_grads = torch.autograd.grad((ref * probe).sum(), (q, k, v))
+    ref = ref.detach()
+
+    def run():
+        out = sparse.sparse_attention_forward(module, q, k, v, layout)[0]
+        return out.detach(), torch.autograd.grad((out * probe).sum(), (q, k, v))
+
+    merged, merged_grads = run()
+    with monkeypatch.context() as m:
+        m.setattr(sparse, "_merge_segments", lambda *args: False)
+        copied, copied_grads = run()
+    for out in (merged, copied):
+        assert max_diff(out[live], ref[live]) <= 1e-12
+    assert max_diff(merged, copied) <= 1e-12  # rows without keys included: 0 on both
+    for got, want, other in zip(merged_grads, ref_grads, copied_grads):
+        assert max_diff(got, want) <= 1e-12 and max_diff(got, other) <= 1e-12
+    with torch.no_grad():
+        whole = sparse.sparse_attention_forward(module, q, k, v, layout)[0]
+        monkeypatch.setattr(sparse, "CHUNK_BYTES", 1)  # one block per call
+        chunked = sparse.sparse_attention_forward(module, q, k, v, layout)[0]
+    assert max_diff(whole, merged) <= 1e-12 and max_diff(chunked, merged) <= 1e-12
+
+
+@pytest.mark.parametrize(
+    "case",
+    [
+        dict(),
+        dict(causal=True),
+        dict(padding="left"),
+        dict(padding="right", causal=True),
+        dict(globals_per_row=[2, 0]),
+        dict(globals_per_row=[1, 2], padding="left", causal=True),
+        dict(query_offset=13, length=20, causal=True),
+        dict(query_offset=20, length=1, causal=True, globals_per_row=[1, 1]),
+        dict(query_offset=16, length=9, key_offset=11, causal=True, globals_per_row=[0, 0]),
+        dict(query_offset=16, length=9, slots=7, causal=True, padding="left"),
+        dict(bias=True, padding="right"),
+    ],
+)
+def test_sparse_band_mask_template_equals_the_predicate(case, monkeypatch):
+    """Blocks where only the window decides share one template band mask; the layout (mask, rows
+    without keys) equals evaluating the predicate on every block: padding, global keys and queries,
+    cached chunks, window caches that dropped keys, empty static-cache slots, position bias."""
+    from swapformer.modeling import sparse
+
+    options = dict(causal=False, padding="none", globals_per_row=[1, 3]) | case
+    pattern = _layer_pattern(**options)
+    template = sparse._regular_blocks(pattern, *_block_indices(pattern), torch.float32)
+    assert template is not None
+    fast = sparse.lower_sparse(pattern, torch.float32)
+    monkeypatch.setattr(sparse, "_regular_blocks", lambda *args: None)
+    slow = sparse.lower_sparse(pattern, torch.float32)
+    assert torch.equal(fast.mask, slow.mask)
+    assert (fast.dead is None) == (slow.dead is None)
+    if fast.dead is not None:
+        assert torch.equal(fast.dead, slow.dead)
+
+
+def _block_indices(pattern):
+    b = pattern.block_size
+    first = pattern.query_offset // b
+    n = -(-(pattern.query_offset - first * b + pattern.query_length) // b)
+    start = (torch.arange(n) + first) * b
+    left, right = pattern.window - 1, (0 if pattern.causal else pattern.window - 1)
+    return start[:, None] + torch.arange(b), start[:, None] - left + torch.arange(b + left + right)
