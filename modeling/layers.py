@@ -72,8 +72,8 @@ _IN_PLACE = {
 # Without gradients the MLP runs this many bytes of intermediate activations at a time: glibc hands
 # larger blocks out as fresh mappings, so a whole (T, intermediate) activation page-faults and is
 # zero-filled by the kernel on every layer (measured: about as long as the GELU itself, and not spread
-# over threads); chunks of rows are reused from the heap instead. Forward hooks on the projections are
-# then called once per chunk.
+# over threads); chunks of rows are reused from the heap instead. A model with forward hooks on its
+# projections runs the MLP in one plain pass, so hooks see one call with the whole output.
 MLP_CHUNK_BYTES = 16 * 2**20
 
 
@@ -92,10 +92,14 @@ class MLP(nn.Module):
         self.dropout = nn.Dropout(config.activation_dropout)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if torch.is_grad_enabled() or type(x) is not torch.Tensor or torch.compiler.is_compiling():
+        if (
+            torch.is_grad_enabled()
+            or type(x) is not torch.Tensor
+            or torch.compiler.is_compiling()
+            or self._hooked()
+        ):
             return self._forward(x, self.act_fn)
-        act = self.act_in_place if self._output_private() else None
-        act = act or self.act_fn
+        act = self.act_in_place or self.act_fn
         rows, width = x.numel() // x.shape[-1], self.up_proj.out_features
         step = max(1, MLP_CHUNK_BYTES // (width * x.element_size()))
         if rows <= step:
@@ -109,11 +113,14 @@ class MLP(nn.Module):
             out[i : i + step] = part
         return out.view(*x.shape[:-1], out.shape[-1])
 
-    def _output_private(self) -> bool:
-        """Whether the activation's input is seen by nobody else: no forward hook (which might keep
-        the projection's output) on the projection it comes from."""
-        source = self.up_proj if self.gate_proj is None else self.gate_proj
-        return not (source._forward_hooks or nn.modules.module._global_forward_hooks)
+    def _hooked(self) -> bool:
+        """Whether a forward hook watches a projection (it might keep an output the in-place activation
+        would overwrite, and expects one call per forward): then the MLP runs as one plain pass."""
+        hooks = nn.modules.module._global_forward_hooks or nn.modules.module._global_forward_pre_hooks
+        projections = (self.gate_proj, self.up_proj, self.down_proj)
+        return bool(hooks) or any(
+            p is not None and (p._forward_hooks or p._forward_pre_hooks) for p in projections
+        )
 
     def _forward(self, x: torch.Tensor, act) -> torch.Tensor:
         if self.gate_proj is None:
