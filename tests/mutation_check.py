@@ -181,10 +181,10 @@ MUTANTS = [
     ),
     Mutant(
         "global query (sparse)",
-        "unused write-back slots point at query 0 (the bug fixed with this check)",
+        "unused write-back slots written too (they land on the last query)",
         "modeling/sparse.py",
-        "spare = layout.global_rows.masked_fill(layout.global_rows < 0, t)",
-        "spare = layout.global_rows.masked_fill(layout.global_rows < 0, 0)",
+        "batch_idx, slot = (layout.global_rows >= 0).nonzero(as_tuple=True)",
+        "batch_idx, slot = (layout.global_rows >= -1).nonzero(as_tuple=True)",
     ),
     Mutant(
         "global key (sparse)",
@@ -197,8 +197,8 @@ MUTANTS = [
         "random blocks (sparse)",
         "no random-key segment",
         "modeling/sparse.py",
-        "    if pattern.random_table is not None:\n        parts.append",
-        "    if False:\n        parts.append",
+        "    if pattern.random_table is None:\n        return None, None\n    keys, counted",
+        "    if True:\n        return None, None\n    keys, counted",
     ),
     Mutant(
         "count once (sparse)",
@@ -211,7 +211,7 @@ MUTANTS = [
         "count once (sparse)",
         "a random key that is global counted twice",
         "modeling/sparse.py",
-        "        counted[..., n_glob:] &= ~is_global[:, :, None, :]\n",
+        "        counted = counted & ~is_global[:, :, None, :]\n",
         "",
     ),
     Mutant(
