@@ -437,16 +437,10 @@ def test_window_of_one_cached(step):
     check_cached_step(case)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="unpacked rows count BigBird's random blocks from index 0 of the padded row, over ceil(T / b) "
-    "blocks (masks.py), so padding changes a row's random layout, unlike DESIGN_NOTES item 7's "
-    "'a left-padded row has the positions and outputs of the same row unpadded'",
-)
 @pytest.mark.parametrize("causal, side", [(False, "right"), (True, "left")])
 def test_bigbird_padded_row_equals_the_row_alone(causal, side):
-    """A design question left open (see the report of issue 11): what the oracle says today, and what
-    DESIGN_NOTES item 7 promises, disagree for BigBird; this turns into a failure once they agree."""
+    """DESIGN_NOTES item 7 for BigBird: padding on either side leaves a row's random blocks (counted from
+    its first real token, in the layout its real length has alone) and so its outputs unchanged."""
     case = Case(
         causal=causal,
         layer_types=["bigbird_attention", "bigbird_attention"],
