@@ -93,20 +93,26 @@ def random_layouts(
     """
     device = lengths.device
     if causal:
-        table = random_block_table(seed, n_blocks, n_blocks, per_block, True, device)
-        return table[None], torch.zeros_like(lengths)
+        return _layout_tables(seed, (n_blocks,), per_block, True).to(device), torch.zeros_like(lengths)
     blocks = ((lengths + block_size - 1) // block_size).clamp(1, n_blocks)
     if torch.compiler.is_compiling() or torch.compiler.is_exporting():
-        sizes = list(range(1, n_blocks + 1))
+        sizes = tuple(range(1, n_blocks + 1))
         index = blocks - 1
     else:
-        sizes = sorted(set(blocks.unique().tolist()))
+        sizes = tuple(sorted(set(blocks.unique().tolist())))
         index = torch.searchsorted(torch.tensor(sizes, device=device), blocks)
-    longest = sizes[-1]
+    return _layout_tables(seed, sizes, per_block, False).to(device), index
+
+
+@torch.compiler.assume_constant_result  # plain Python draws from ints: a constant of a traced graph
+def _layout_tables(seed: int, sizes: tuple[int, ...], per_block: int, causal: bool) -> torch.Tensor:
+    """`random_block_table(seed, n, n, ...)` for each n of `sizes`, zero-padded to the longest:
+    (len(sizes), N, N) bool."""
+    longest = max(sizes)
     tables = torch.zeros(len(sizes), longest, longest, dtype=torch.bool)
     for i, n in enumerate(sizes):
-        tables[i, :n, :n] = random_block_table(seed, n, n, per_block, False)
-    return tables.to(device), index
+        tables[i, :n, :n] = random_block_table(seed, n, n, per_block, causal)
+    return tables
 
 
 @dataclass(frozen=True)

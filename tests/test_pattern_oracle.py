@@ -456,11 +456,16 @@ def test_bigbird_padded_row_equals_the_row_alone(causal, side):
     ids = case.inputs()["input_ids"]
     pad = torch.zeros(1, 6, dtype=torch.long)
     padded = torch.cat([ids, pad] if side == "right" else [pad, ids], dim=1)
-    mask = (padded != 0).long()
-    with torch.no_grad():
-        alone = model(ids).last_hidden_state
-        got = model(padded, attention_mask=mask).last_hidden_state[mask.bool()][None]
-    assert diff(got, alone) <= OUT_TOL
+    # beside a longer row: a bidirectional row's layout must not follow the batch's longest row either
+    longer = torch.arange(3, 3 + padded.shape[1] + 4)[None]
+    batch = torch.cat([torch.nn.functional.pad(padded, (0, 4) if side == "right" else (4, 0)), longer])
+    mask = (batch != 0).long()
+    for backend in BACKENDS:
+        model.set_attn_implementation(backend)
+        with torch.no_grad():
+            alone = model(ids).last_hidden_state
+            got = model(batch, attention_mask=mask).last_hidden_state[:1][mask[:1].bool()][None]
+        assert diff(got, alone) <= OUT_TOL, backend
 
 
 @pytest.mark.slow
