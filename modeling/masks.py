@@ -95,7 +95,7 @@ def random_layouts(
     if causal:
         return _layout_tables(seed, (n_blocks,), per_block, True).to(device), torch.zeros_like(lengths)
     blocks = ((lengths + block_size - 1) // block_size).clamp(1, n_blocks)
-    if torch.compiler.is_compiling() or torch.compiler.is_exporting():
+    if torch.compiler.is_compiling():  # exporting too
         sizes = tuple(range(1, n_blocks + 1))
         index = blocks - 1
     else:

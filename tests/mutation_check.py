@@ -229,13 +229,6 @@ MUTANTS = [
         "",
     ),
     Mutant(
-        "random blocks (sparse)",
-        "random keys gathered from index 0, not from the row's first real token",
-        "modeling/sparse.py",
-        "keys = pick(start)[..., None, None] + chosen",
-        "keys = 0 * pick(start)[..., None, None] + chosen",
-    ),
-    Mutant(
         "count once (sparse)",
         "a random key that is global counted twice",
         "modeling/sparse.py",
