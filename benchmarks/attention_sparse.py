@@ -35,7 +35,7 @@ from transformers import LongformerConfig, LongformerModel
 
 import swapformer
 from swapformer.modeling.attention import eager_attention_forward
-from swapformer.modeling.masks import AttentionPattern, lower, random_block_table
+from swapformer.modeling.masks import AttentionPattern, lower, random_layouts
 from swapformer.modeling.sparse import sparse_attention_forward
 
 HEADS, HEAD_DIM, BLOCK, WINDOW, GLOBALS, RANDOM = 12, 64, 64, 129, 1, 3
@@ -94,8 +94,11 @@ def make_pattern(n: int, kind: str, globals_: int = GLOBALS) -> AttentionPattern
         block_size=BLOCK,
     )
     if kind == "bigbird":
-        blocks = -(-n // BLOCK)
-        pattern.random_table = random_block_table(0, blocks, blocks, RANDOM, causal=False)
+        starts = torch.zeros(1, n, dtype=torch.long)
+        pattern.random_table, pattern.random_index = random_layouts(
+            0, starts + n, -(-n // BLOCK), BLOCK, RANDOM, causal=False
+        )
+        pattern.random_start = starts
     return pattern
 
 

@@ -168,7 +168,8 @@ class SwapformerConfig(PreTrainedConfig):
             when bidirectional (the convention of transformers and flash-attn).
         global_tokens: the first k positions are global (attend to all, attended by all); a
             `global_attention_mask` input marks more, per batch row.
-        attention_block_size: block size of the random blocks and of the sparse backend.
+        attention_block_size: block size of the random blocks (counted from each sequence's first real
+            token, so padding never moves them) and of the sparse backend.
         num_random_blocks: random key blocks per query block (`bigbird_attention`).
         random_seed: seed of the random block layout, stored so every run, process and backend
             draws the same layout.

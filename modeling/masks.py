@@ -20,14 +20,16 @@ vmap (flex's `mask_mod`), and every backend therefore computes the same function
     window:    0 <= q - k < w (causal), |q - k| < w (bidirectional), w = `sliding_window`
     global:    a real token whose position (counted over real tokens) is < `global_tokens`, or one
                `global_attention_mask` marks; padding is never global
-    random_block: (q // b, k // b) is a pair of `random_block_table(seed, n, n, ...)`, b =
-               `attention_block_size`, n = ceil((P + T) / b): blocks of absolute indices, counted from
-               index 0 of the row, padding and cached tokens included
+    random_block: ((q - s) // b, (k - s) // b) is a pair of `random_block_table(seed, n, n, ...)`,
+               b = `attention_block_size`, s = the first real token of q's sequence (of its row, or
+               for packed rows of its packed sequence; cached tokens included, so a left-padded
+               row's s is its padding count at every decoding step): the layout the sequence has
+               alone, whatever padding surrounds it and whatever else the batch holds.
+               Bidirectional: n = ceil(L / b), L = the sequence's real tokens (cached ones included).
+               Causal: query block j's draw does not depend on n (any n > j), so the layout of a
+               growing sequence never changes. Blocks outside 0..n-1 hold no random keys
     same_sequence: True, or for packed rows (packing.py) the query's and the key's sequence numbers
-               agree; global tokens are then the first tokens of each sequence, and random blocks
-               are counted from the query's sequence start in the layout that sequence has alone
-               (n = ceil(its real tokens / b)). A batch is packed when any row holds several
-               sequences; its other rows then count random blocks from their first real token too
+               agree; global tokens are then the first tokens of each sequence
 
 Lowered forms (B batch, H heads, T queries, S keys):
     eager   additive float (B, 1 or H, T, S): 0 allowed, -inf not, plus position bias; or None
@@ -71,23 +73,46 @@ def random_block_table(
     return table.to(device)
 
 
-def packed_random_tables(
-    seed: int, packing: PackedSequences, block_size: int, per_block: int, causal: bool
+def random_layouts(
+    seed: int,
+    lengths: torch.Tensor,
+    n_blocks: int,
+    block_size: int,
+    per_block: int,
+    causal: bool,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """BigBird's random blocks for packed rows, so that each sequence gets the layout it has alone.
+    """BigBird's random blocks of queries whose sequences hold `lengths` (B, T) real tokens, each in the
+    layout its sequence has alone (blocks counted from the sequence's first real token).
 
-    A sequence of n blocks alone draws `random_block_table(seed, n, n, ...)`, counted from its first
-    token. Returns the distinct layouts, zero-padded to the longest, (layouts, N, N) bool, and for
-    every token (B, T) the index of its sequence's layout.
+    Bidirectional: a sequence of n = ceil(length / b) blocks draws `random_block_table(seed, n, n, ...)`;
+    causal: one table of `n_blocks` serves every length (a query block's draw does not depend on it).
+    Which lengths occur is data, so while compiling or exporting the bidirectional tables cover every n
+    in 1..`n_blocks` instead of those present (no data-dependent shape or branch).
+    Returns the layouts, zero-padded to the longest, (layouts, N, N) bool, and each query's (B, T)
+    index into them.
     """
-    blocks = (packing.lengths + block_size - 1) // block_size  # (B, T) blocks of each token's sequence
-    sizes = sorted(set(blocks.unique().tolist()))
-    longest = sizes[-1]
+    device = lengths.device
+    if causal:
+        return _layout_tables(seed, (n_blocks,), per_block, True).to(device), torch.zeros_like(lengths)
+    blocks = ((lengths + block_size - 1) // block_size).clamp(1, n_blocks)
+    if torch.compiler.is_compiling():  # exporting too
+        sizes = tuple(range(1, n_blocks + 1))
+        index = blocks - 1
+    else:
+        sizes = tuple(sorted(set(blocks.unique().tolist())))
+        index = torch.searchsorted(torch.tensor(sizes, device=device), blocks)
+    return _layout_tables(seed, sizes, per_block, False).to(device), index
+
+
+@torch.compiler.assume_constant_result  # plain Python draws from ints: a constant of a traced graph
+def _layout_tables(seed: int, sizes: tuple[int, ...], per_block: int, causal: bool) -> torch.Tensor:
+    """`random_block_table(seed, n, n, ...)` for each n of `sizes`, zero-padded to the longest:
+    (len(sizes), N, N) bool."""
+    longest = max(sizes)
     tables = torch.zeros(len(sizes), longest, longest, dtype=torch.bool)
     for i, n in enumerate(sizes):
         tables[i, :n, :n] = random_block_table(seed, n, n, per_block, causal)
-    index = torch.searchsorted(torch.tensor(sizes, device=blocks.device), blocks)
-    return tables.to(blocks.device), index
+    return tables
 
 
 @dataclass(frozen=True)
@@ -112,9 +137,9 @@ class AttentionPattern:
         total_length: tokens seen so far (P + T); key slots at or beyond it are empty cache rows.
         key_valid: (B, S) False for padding keys, or None.
         global_keys: (B, S) keys everyone attends; global_queries: (B, T) queries attending all.
-        random_table: (blocks of queries, blocks of keys) bool, for bigbird; or (layouts, blocks of
-            queries, blocks of keys) with `random_index` (B, T) naming each query's layout (packed rows:
-            one layout per sequence length, block indices counted from the sequence's first token).
+        random_table: (layouts, N, N) bool, for bigbird (`random_layouts`), with `random_index` (B, T)
+            naming each query's layout and `random_start` (B, T) the absolute index of the first real
+            token of its sequence, where its blocks are counted from.
         query_packing, key_packing: the packed sequences of the queries (B, T) and of the keys (B, S),
             or None; a query sees only keys of the sequence with its number. Only without a cache,
             so query and key indices are those of the packed tensors.
@@ -144,6 +169,7 @@ class AttentionPattern:
     query_packing: PackedSequences | None = None
     key_packing: PackedSequences | None = None
     random_index: torch.Tensor | None = None
+    random_start: torch.Tensor | None = None
 
     # Predicates ---------------------------------------------------------------------------------
 
@@ -190,16 +216,13 @@ class AttentionPattern:
         return ok & structure
 
     def random_blocks(self, b, row, q, k):
-        """BigBird's random blocks at absolute (q, k); `row` is q's local row. For packed rows the
-        blocks are counted from the query's sequence start, in the layout of its sequence's length."""
-        if self.random_index is None:  # one layout, blocks counted from index 0
-            qb = (q // self.block_size).clamp(max=self.random_table.shape[0] - 1)
-            kb = (k // self.block_size).clamp(0, self.random_table.shape[1] - 1)
-            return self.random_table[qb, kb]
-        start, layout = self.query_packing.starts[b, row], self.random_index[b, row]
-        qb = ((q - start) // self.block_size).clamp(0, self.random_table.shape[1] - 1)
-        kb = ((k - start) // self.block_size).clamp(0, self.random_table.shape[2] - 1)
-        return self.random_table[layout, qb, kb]
+        """BigBird's random blocks at absolute (q, k); `row` is q's local row. Blocks are counted from
+        the first real token of q's sequence, in the layout of its sequence's length."""
+        start, layout = self.random_start[b, row], self.random_index[b, row]
+        n = self.random_table.shape[-1]
+        qb, kb = (q - start) // self.block_size, (k - start) // self.block_size
+        inside = (qb >= 0) & (qb < n) & (kb >= 0) & (kb < n)
+        return inside & self.random_table[layout, qb.clamp(0, n - 1), kb.clamp(0, n - 1)]
 
     def mask_mod(self):
         """The predicate with flex attention's signature, on local query and key indices.

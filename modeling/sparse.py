@@ -61,40 +61,38 @@ def _first_true(flags: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def _random_keys(pattern: AttentionPattern, q_abs: torch.Tensor):
-    """BigBird's random key blocks of each query block: absolute key indices (B or 1, N, R), and which
-    of them each query row draws (B or 1, N, b, R).
+    """BigBird's random key blocks of each query block: absolute key indices (B, N, R), and which of
+    them each query row draws (B, N, b, R).
 
-    A row draws the random blocks of its query block counted from its sequence's first token (0
-    unless rows are packed). Rows of one block that share a draw form a run; each run's blocks are
+    A row draws the random blocks of its query block counted from its sequence's first real token
+    (`pattern.random_start`). Rows of one block that share a draw form a run; each run's blocks are
     gathered once, and an entry counts only for the rows of its run (so a key two runs both drew is
-    never counted twice for one row). Without packing a block is a single run.
+    never counted twice for one row). A block whose rows all start at a multiple of b from their
+    sequence's first token is a single run.
     """
     b = pattern.block_size
-    table = pattern.random_table if pattern.random_table.dim() == 3 else pattern.random_table[None]
+    table = pattern.random_table
     rows = (q_abs - pattern.query_offset).clamp(0, pattern.query_length - 1)  # (N, b)
-    if pattern.random_index is not None:
-        start, layout = pattern.query_packing.starts[:, rows], pattern.random_index[:, rows]  # (B, N, b)
-    else:
-        start = layout = torch.zeros_like(q_abs)[None]
-    relative = ((q_abs - start) // b).clamp(0, table.shape[1] - 1)  # (B', N, b) query block in its sequence
+    start, layout = pattern.random_start[:, rows], pattern.random_index[:, rows]  # (B, N, b)
+    relative = ((q_abs - start) // b).clamp(0, table.shape[1] - 1)  # (B, N, b) query block in its sequence
     new_run = torch.ones_like(relative, dtype=torch.bool)
     new_run[..., 1:] = (
         (relative[..., 1:] != relative[..., :-1])
         | (layout[..., 1:] != layout[..., :-1])
         | (start[..., 1:] != start[..., :-1])
     )
-    run_of_row = new_run.long().cumsum(-1) - 1  # (B', N, b)
-    first_rows, real_run = _first_true(new_run.flatten(0, 1))  # (B'*N, P)
+    run_of_row = new_run.long().cumsum(-1) - 1  # (B, N, b)
+    first_rows, real_run = _first_true(new_run.flatten(0, 1))  # (B*N, P)
     first_rows = first_rows.view(*new_run.shape[:2], -1)
-    pick = lambda x: torch.gather(x, -1, first_rows)  # noqa: E731  (B', N, P) a run's first-row value
-    draws = table[pick(layout), pick(relative)]  # (B', N, P, key blocks)
+    pick = lambda x: torch.gather(x, -1, first_rows)  # noqa: E731  (B, N, P) a run's first-row value
+    draws = table[pick(layout), pick(relative)]  # (B, N, P, key blocks)
     draws = draws & real_run.view_as(first_rows)[..., None]
-    chosen, present = _first_true(draws.flatten(0, 2))  # (B'*N*P, r)
+    chosen, present = _first_true(draws.flatten(0, 2))  # (B*N*P, r)
     chosen = chosen.view(*draws.shape[:3], -1)
     keys = pick(start)[..., None, None] + chosen[..., None] * b + torch.arange(b, device=q_abs.device)
     per_run = chosen.shape[-1] * b
     entry_run = torch.arange(first_rows.shape[-1], device=q_abs.device).repeat_interleave(per_run)
-    entry_present = present.view(*chosen.shape).repeat_interleave(b, dim=-1).flatten(-2)  # (B', N, P*r*b)
+    entry_present = present.view(*chosen.shape).repeat_interleave(b, dim=-1).flatten(-2)  # (B, N, P*r*b)
     counted = (run_of_row[..., None] == entry_run) & entry_present[:, :, None, :]
     return keys.flatten(2), counted
 

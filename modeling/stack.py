@@ -28,7 +28,7 @@ from ..configuration.backends import LAYER_TYPE_PATTERN, check_batch_feature
 from ..configuration.configuration_swapformer import GLOBAL_KINDS
 from .attention import check_backend_for_batch, lower_mask
 from .layers import Block, alibi_bias, make_norm, relative_position_bucket, rope_cos_sin, sinusoidal_embedding
-from .masks import AttentionPattern, packed_random_tables, random_block_table
+from .masks import AttentionPattern, random_layouts
 from .packing import (
     PackedSequences,
     check_cache_not_packed,
@@ -349,21 +349,34 @@ class StackMixin:
                 pattern.key_packing = PackedSequences(
                     *(select_keys(x, key_index, -1) for x in (packing.ids, packing.starts, packing.lengths))
                 )
-            if kind == "bigbird" and packing is not None:
-                pattern.random_table, pattern.random_index = packed_random_tables(
-                    cfg.random_seed, packing, cfg.attention_block_size, cfg.num_random_blocks, self.causal
-                )
-            elif kind == "bigbird":
-                bs = cfg.attention_block_size
-                # A tensor count (static cache, compiled) sizes the table by the cache's slots instead: a
-                # causal table's rows do not depend on its size, and rows past the tokens are never read.
-                seen = total if isinstance(total, int) else span
-                n_key_blocks = -(-max(seen, kv_offset + kv_length) // bs)
-                pattern.random_table = random_block_table(
-                    cfg.random_seed, -(-seen // bs), n_key_blocks, cfg.num_random_blocks, self.causal, device
-                )
+            if kind == "bigbird":
+                self.random_blocks_of(pattern, packing, key_valid, past, t, span)
             patterns[layer_type] = pattern
         return patterns
+
+    def random_blocks_of(self, pattern, packing, key_valid, past, t, span) -> None:
+        """Give a BigBird pattern its random blocks: every query's blocks are counted from the first real
+        token of its sequence (its row's, or its packed sequence's), in the layout that sequence has
+        alone, so padding and the rest of the batch change nothing (DESIGN_NOTES item 7). A row holds
+        one sequence unless packed: its start and real length come from the padding mask over all
+        P + T tokens, cached ones included, so a left-padded prompt keeps its start while it grows."""
+        cfg, bs, total = self.config, self.config.attention_block_size, pattern.total_length
+        if packing is not None:
+            starts, lengths = packing.starts, packing.lengths
+        elif key_valid is not None:
+            alone = PackedSequences.from_starts(torch.zeros_like(key_valid), key_valid)
+            starts, lengths = new_columns(alone.starts, past, t), new_columns(alone.lengths, past, t)
+        else:
+            starts = torch.zeros(pattern.batch, t, dtype=torch.long, device=pattern.device)
+            lengths = starts + total
+        # A tensor count (static cache, compiled) sizes the tables by the cache's slots instead: rows
+        # past the tokens are never read.
+        seen = total if isinstance(total, int) else span
+        n_blocks = -(-max(seen, pattern.key_offset + pattern.key_length) // bs)
+        pattern.random_table, pattern.random_index = random_layouts(
+            cfg.random_seed, lengths, n_blocks, bs, cfg.num_random_blocks, self.causal
+        )
+        pattern.random_start = starts
 
     def positions_and_packing(
         self, *, batch, length, past, span, device, key_valid, position_ids, cache, packing_inputs, prefix

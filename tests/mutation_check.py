@@ -96,10 +96,10 @@ MUTANTS = [
     ),
     Mutant(
         "random blocks",
-        "query block off by one (q // b -> (q + 1) // b)",
+        "query block off by one ((q - s) // b -> (q + 1 - s) // b)",
         "modeling/masks.py",
-        "qb = (q // self.block_size).clamp(",
-        "qb = ((q + 1) // self.block_size).clamp(",
+        "qb, kb = (q - start) // self.block_size,",
+        "qb, kb = (q + 1 - start) // self.block_size,",
     ),
     Mutant(
         "random blocks",
@@ -116,11 +116,25 @@ MUTANTS = [
         "choices = range(min(j + 2, n_key_blocks)) if causal",
     ),
     Mutant(
-        "random blocks (packed)",
-        "counted from index 0, not the sequence start",
+        "random blocks (start)",
+        "counted from index 0, not the sequence's first real token",
         "modeling/masks.py",
-        "start, layout = self.query_packing.starts[b, row], self.random_index[b, row]",
+        "start, layout = self.random_start[b, row], self.random_index[b, row]",
         "start, layout = 0, self.random_index[b, row]",
+    ),
+    Mutant(
+        "random blocks (causal)",
+        "causal draw seeded with the table size (the layout changes as the sequence grows)",
+        "modeling/masks.py",
+        "j * 8_191 + (0 if causal else n_key_blocks))",
+        "j * 8_191 + n_key_blocks)",
+    ),
+    Mutant(
+        "random blocks (layout)",
+        "every sequence drawn in the layout of the longest row, not of its own length",
+        "modeling/masks.py",
+        "blocks = ((lengths + block_size - 1) // block_size).clamp(1, n_blocks)",
+        "blocks = lengths * 0 + n_blocks",
     ),
     Mutant(
         "causal",
@@ -199,6 +213,13 @@ MUTANTS = [
         "modeling/sparse.py",
         "    if pattern.random_table is None:\n        return None, None\n    keys, counted",
         "    if True:\n        return None, None\n    keys, counted",
+    ),
+    Mutant(
+        "random blocks (sparse)",
+        "random keys gathered from index 0, not from the row's first real token",
+        "modeling/sparse.py",
+        "keys = pick(start)[..., None, None] + chosen",
+        "keys = 0 * pick(start)[..., None, None] + chosen",
     ),
     Mutant(
         "count once (sparse)",

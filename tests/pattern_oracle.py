@@ -24,7 +24,9 @@ The rules, in the order they are checked:
    window(q, k):  0 <= q - k < w (causal), |q - k| < w (bidirectional), w = `sliding_window`.
    global(i):     token i is real and either its position (counted over the real tokens of its
                   sequence, from 0) is < `global_tokens`, or `global_attention_mask` marks it.
-   random_block:  see `random_block_table` and `RowLayout.random_origin`.
+   random_block:  ((q - s) // b, (k - s) // b) is a pair of `random_block_table`, counted from the first
+                  real token s of q's sequence, in the layout that sequence has alone: see
+                  `RowLayout.random_origin` and `in_random_block`.
 
 Outputs at padding queries are not specified (they reach no real token), so `allowed_rows` gives
 None for them and the tests compare real queries only.
@@ -67,8 +69,8 @@ class RowLayout:
     sequence:   per token, the number of its packed sequence (all 0 for a row holding one sequence);
                 a padding token may carry any number, it is never attended.
     marked:     per token, True where `global_attention_mask` is 1.
-    packed:     whether the batch is packed (some row holds several sequences): random blocks are then
-                counted from each sequence's first real token, see `random_origin`.
+    packed:     whether the batch is packed (some row holds several sequences); it changes no rule
+                (every sequence, packed or not, counts its random blocks alone, see `random_origin`).
     """
 
     real: tuple[bool, ...]
@@ -90,14 +92,12 @@ class RowLayout:
     def random_origin(self, i: int) -> tuple[int, int]:
         """(first index, length) of the token range whose blocks BigBird counts for token i's sequence.
 
-        masks.py: packed rows count random blocks "from the query's sequence start in the layout that
-        sequence has alone" (start = its first real token, length = its real tokens); otherwise there is
-        "one layout, blocks counted from index 0" over all P + T tokens of the row, padding included.
+        masks.py: random blocks are counted from the first real token of the query's sequence (its row's,
+        or its packed sequence's), "the layout the sequence has alone, whatever padding surrounds it":
+        start = its first real token, length = its real tokens (cached ones included).
         """
-        if self.packed:
-            tokens = self.same_sequence_real_tokens(i)
-            return tokens[0], len(tokens)
-        return 0, len(self)
+        tokens = self.same_sequence_real_tokens(i)
+        return tokens[0], len(tokens)
 
 
 @functools.cache  # the same small tables are asked for once per (query, key) pair
@@ -130,8 +130,11 @@ def is_global(spec: PatternSpec, row: RowLayout, i: int) -> bool:
 
 
 def in_random_block(spec: PatternSpec, row: RowLayout, q: int, k: int) -> bool:
+    """Bidirectional: the table of the sequence's n = ceil(length / b) blocks. Causal: query block j's
+    draw does not depend on the length, so the smallest table holding row j (n = j + 1) says it."""
     start, length = row.random_origin(q)
-    n_blocks = math.ceil(length / spec.block_size)
+    query_block = (q - start) // spec.block_size
+    n_blocks = query_block + 1 if spec.causal else math.ceil(length / spec.block_size)
     table = random_block_table(spec.random_seed, n_blocks, n_blocks, spec.num_random_blocks, spec.causal)
     return ((q - start) // spec.block_size, (k - start) // spec.block_size) in table
 

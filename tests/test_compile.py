@@ -75,6 +75,38 @@ def check_compiled(model, kwargs, report):
     assert max_diff(got, want) <= TOL
 
 
+BIGBIRD = dict(
+    layer_types=["bigbird_attention", "bigbird_attention"],
+    sliding_window=1,
+    global_tokens=1,
+    attention_block_size=2,
+    num_random_blocks=2,
+)
+
+
+@pytest.mark.parametrize("arch", ["encoder", "decoder"])
+def test_bigbird_padded_rows_export_and_compile(arch, report):
+    """BigBird counts each row's random blocks from its first real token, in the layout of its real
+    length: which lengths occur is data, so a traced graph must hold them all. The exported program and
+    the fullgraph-compiled model, traced on one padding mask, equal eager on another of the same shape."""
+    model = model_for(arch, "sdpa", **BIGBIRD)
+    traced_on = base_inputs(arch, True)
+    ids, mask = padded_batch(padding="left")  # other rows, other lengths
+    other = {**traced_on, "input_ids": ids, "attention_mask": mask}
+    torch._dynamo.reset()
+    compiled = torch.compile(model, fullgraph=True, backend="aot_eager")
+    with torch.no_grad():
+        program = torch.export.export(model, (), copy.deepcopy(traced_on), strict=False).module()
+        compiled(**traced_on)
+        diff = 0.0
+        for kwargs in (traced_on, other):
+            want = model(**kwargs).last_hidden_state
+            for got in (program(**kwargs).last_hidden_state, compiled(**kwargs).last_hidden_state):
+                diff = max(diff, max_diff(got, want, kwargs["attention_mask"]))
+    report("exported and compiled vs eager", diff)
+    assert diff <= TOL
+
+
 def test_compile_fullgraph_inductor_with_cache(report):
     """Inductor end to end, a prefill and a cached step, window layers included."""
     torch._dynamo.reset()
@@ -100,16 +132,22 @@ def test_compile_fullgraph_inductor_with_cache(report):
 
 
 @pytest.mark.parametrize(
-    "arch, attn, backend",
-    [("decoder", "sdpa", "inductor"), ("decoder", "eager", "aot_eager"), ("seq2seq", "sdpa", "aot_eager")],
+    "arch, attn, backend, layers",
+    [
+        ("decoder", "sdpa", "inductor", {}),
+        ("decoder", "eager", "aot_eager", {}),
+        ("seq2seq", "sdpa", "aot_eager", {}),
+        ("decoder", "sdpa", "aot_eager", BIGBIRD),  # left-padded rows count random blocks from their start
+    ],
+    ids=["decoder-sdpa-inductor", "decoder-eager-aot_eager", "seq2seq-sdpa-aot_eager", "decoder-bigbird"],
 )
-def test_generate_static_cache_compiled_fullgraph(arch, attn, backend, report):
+def test_generate_static_cache_compiled_fullgraph(arch, attn, backend, layers, report):
     """transformers' test_generate_compile_model_forward_fullgraph: two different inputs of the same
     shape, eager with a dynamic cache first, then a static cache whose decoding steps run compiled
     with fullgraph=True and dynamic=False; same tokens and scores, and no recompilation."""
     assert LM_CLASSES[arch]._can_compile_fullgraph
     torch._dynamo.reset()
-    config = tiny_config(arch, position_embedding_type="rope", num_key_value_heads=2)
+    config = tiny_config(arch, position_embedding_type="rope", num_key_value_heads=2, **layers)
     model = build(LM_CLASSES[arch], config, attn=attn)
     ids, mask = padded_batch(batch=4, length=7, padding="none" if arch == "seq2seq" else "left")
     if arch == "seq2seq":

@@ -125,6 +125,36 @@ def test_left_padding_does_not_change_a_rows_generation():
     assert torch.equal(alone, together[:1, 6:])
 
 
+@pytest.mark.parametrize("cache", ["dynamic", "static"])
+@pytest.mark.parametrize("attn", DECODING)
+def test_left_padding_does_not_change_a_bigbird_rows_logits(attn, cache):
+    """BigBird's random blocks are counted from a row's first real token, and a causal layout does not
+    change as the sequence grows, so a left-padded prompt decodes with the logits of the prompt alone
+    at every step (window 1 and no global token: the random blocks decide most keys)."""
+    model = lm(
+        "decoder",
+        attn,
+        layer_types=["bigbird_attention", "bigbird_attention"],
+        sliding_window=1,
+        global_tokens=0,
+        attention_block_size=2,
+        num_random_blocks=2,
+        random_seed=3,
+        position_embedding_type="rope",
+    )
+    row = torch.tensor([[5, 6, 7, 8, 9]])
+    batch = torch.tensor([[0, 0, 0, 5, 6, 7, 8, 9], [9, 10, 11, 12, 13, 14, 15, 16]])
+    kw = dict(
+        max_new_tokens=6, do_sample=False, pad_token_id=0, output_logits=True, return_dict_in_generate=True
+    )
+    if cache == "static":
+        kw["cache_implementation"] = "static"
+    alone = model.generate(row, **kw)
+    together = model.generate(batch, attention_mask=(batch != 0).long(), **kw)
+    assert torch.equal(alone.sequences[:, 5:], together.sequences[:1, 8:])
+    assert max(max_diff(a, b[:1]) for a, b in zip(alone.logits, together.logits)) <= TOLERANCE
+
+
 @pytest.mark.parametrize("kv_heads", [1, 2])  # MQA, GQA (4 query heads)
 @pytest.mark.parametrize("arch", ["decoder", "seq2seq"])
 def test_gqa_caches_hold_only_the_kv_heads(arch, kv_heads):

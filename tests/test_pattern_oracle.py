@@ -437,16 +437,10 @@ def test_window_of_one_cached(step):
     check_cached_step(case)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="unpacked rows count BigBird's random blocks from index 0 of the padded row, over ceil(T / b) "
-    "blocks (masks.py), so padding changes a row's random layout, unlike DESIGN_NOTES item 7's "
-    "'a left-padded row has the positions and outputs of the same row unpadded'",
-)
 @pytest.mark.parametrize("causal, side", [(False, "right"), (True, "left")])
 def test_bigbird_padded_row_equals_the_row_alone(causal, side):
-    """A design question left open (see the report of issue 11): what the oracle says today, and what
-    DESIGN_NOTES item 7 promises, disagree for BigBird; this turns into a failure once they agree."""
+    """DESIGN_NOTES item 7 for BigBird: padding on either side leaves a row's random blocks (counted from
+    its first real token, in the layout its real length has alone) and so its outputs unchanged."""
     case = Case(
         causal=causal,
         layer_types=["bigbird_attention", "bigbird_attention"],
@@ -462,11 +456,16 @@ def test_bigbird_padded_row_equals_the_row_alone(causal, side):
     ids = case.inputs()["input_ids"]
     pad = torch.zeros(1, 6, dtype=torch.long)
     padded = torch.cat([ids, pad] if side == "right" else [pad, ids], dim=1)
-    mask = (padded != 0).long()
-    with torch.no_grad():
-        alone = model(ids).last_hidden_state
-        got = model(padded, attention_mask=mask).last_hidden_state[mask.bool()][None]
-    assert diff(got, alone) <= OUT_TOL
+    # beside a longer row: a bidirectional row's layout must not follow the batch's longest row either
+    longer = torch.arange(3, 3 + padded.shape[1] + 4)[None]
+    batch = torch.cat([torch.nn.functional.pad(padded, (0, 4) if side == "right" else (4, 0)), longer])
+    mask = (batch != 0).long()
+    for backend in BACKENDS:
+        model.set_attn_implementation(backend)
+        with torch.no_grad():
+            alone = model(ids).last_hidden_state
+            got = model(batch, attention_mask=mask).last_hidden_state[:1][mask[:1].bool()][None]
+        assert diff(got, alone) <= OUT_TOL, backend
 
 
 @pytest.mark.slow
