@@ -1,8 +1,8 @@
 """Long documents: a long model (window + global attention) against chunking, fine-tuned with Trainer
 on a task whose label depends on two words about 2000 tokens apart.
 
-Each document is filler words with one color word near its start and one near its end; the label says
-whether the two colors match. A 512-token window never holds both, and adding up (or taking the max
+Each document is filler words with one color word near its start and one near its end (each repeated
+a few times within its first or last 32 words); the label says whether the two colors match. A 512-token window never holds both, and adding up (or taking the max
 of) per-window evidence cannot tell "same" from "different", so the chunked model stays at chance;
 the long model's global [CLS] token attends to every token and can compare them.
 
@@ -41,6 +41,7 @@ FILLER = (
 ).split()
 COLORS = ("red", "blue")  # two values: "same color" is an XOR of the two markers
 MARGIN = 32  # each marker lies within this many words of its end of the document
+REPEATS = 8  # each color fills 8 of its 32 words: 1/64 of the document instead of 1/1024 for the global token to find
 LENGTH = 1024  # words per document at full size: the markers are at least LENGTH - 2 * MARGIN apart
 
 
@@ -50,16 +51,21 @@ class Document:
     label: int  # 1: the two colors match
 
 
-def make_documents(n: int, length: int, seed: int, filler: int = len(FILLER)) -> list[Document]:
-    """`n` documents of `length` words (one token each for MiniLM's tokenizer), balanced labels."""
+def make_documents(
+    n: int, length: int, seed: int, filler: int = len(FILLER), repeats: int = REPEATS
+) -> list[Document]:
+    """`n` documents of `length` words (one token each for MiniLM's tokenizer), balanced labels: the
+    first color `repeats` times among the first MARGIN words, the second among the last MARGIN."""
     rng = random.Random(seed)
     documents = []
     for i in range(n):
         words = [rng.choice(FILLER[:filler]) for _ in range(length)]
         first = rng.choice(COLORS)
         last = first if i % 2 == 0 else COLORS[1 - COLORS.index(first)]  # half match, half do not
-        words[rng.randrange(MARGIN)] = first
-        words[length - 1 - rng.randrange(MARGIN)] = last
+        for i in rng.sample(range(MARGIN), repeats):
+            words[i] = first
+        for i in rng.sample(range(MARGIN), repeats):
+            words[length - 1 - i] = last
         documents.append(Document(" ".join(words), int(first == last)))
     rng.shuffle(documents)
     return documents
@@ -185,9 +191,10 @@ def main(argv: list[str] | None = None) -> dict[str, tuple[float, float]]:
     parser.add_argument("--train", type=int, default=96, help="training documents")
     parser.add_argument("--test", type=int, default=48, help="test documents")
     parser.add_argument("--epochs", type=float, default=3.0)
-    parser.add_argument("--learning-rate", type=float, default=1e-4)
+    parser.add_argument("--learning-rate", type=float, default=2e-4)
     parser.add_argument("--attention-dropout", type=float, default=0.0)
     parser.add_argument("--filler-words", type=int, default=16, help="distinct filler words used")
+    parser.add_argument("--repeats", type=int, default=REPEATS, help="times each color word appears")
     parser.add_argument("--max-length", type=int, default=4096, help="the long model's positions")
     parser.add_argument("--window", type=int, default=512, help="the long model's sliding_window")
     parser.add_argument("--long-batch-size", type=int, default=4, help="documents per step (long model)")
@@ -200,8 +207,12 @@ def main(argv: list[str] | None = None) -> dict[str, tuple[float, float]]:
     args = parser.parse_args(argv)
 
     tokenizer = AutoTokenizer.from_pretrained(minilm_folder(args.model))
-    train = make_documents(args.train, args.length, seed=args.seed, filler=args.filler_words)
-    test = make_documents(args.test, args.length, seed=args.seed + 1, filler=args.filler_words)
+    train = make_documents(
+        args.train, args.length, seed=args.seed, filler=args.filler_words, repeats=args.repeats
+    )
+    test = make_documents(
+        args.test, args.length, seed=args.seed + 1, filler=args.filler_words, repeats=args.repeats
+    )
     output_dir = args.output_dir or tempfile.mkdtemp(prefix="long-documents-")
     n_tokens = len(tokenizer(test[0].text)["input_ids"])
     print(f"{args.train} training and {args.test} test documents of {n_tokens} tokens, {os.cpu_count()} CPUs")

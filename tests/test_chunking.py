@@ -320,18 +320,20 @@ def long_documents_example():
 
 def test_the_examples_task_puts_the_two_markers_beyond_any_512_token_window():
     example = long_documents_example()
-    n = example.LENGTH  # the full size's documents
+    n, r = example.LENGTH, example.REPEATS  # the full size's documents
     documents = example.make_documents(64, n, seed=0, filler=16)
     assert sum(d.label for d in documents) == 32  # balanced
     for d in documents:
         words = d.text.split()
         marks = [i for i, w in enumerate(words) if w in example.COLORS]
-        assert len(words) == n and len(marks) == 2
-        assert marks[0] < example.MARGIN and marks[1] >= n - example.MARGIN
-        assert marks[1] - marks[0] > 512 + 256  # no 512-token window (nor ±256 around a token) holds both
-        assert d.label == (words[marks[0]] == words[marks[1]])
+        assert len(words) == n and len(marks) == 2 * r
+        first, last = marks[:r], marks[r:]
+        assert max(first) < example.MARGIN and min(last) >= n - example.MARGIN
+        assert min(last) - max(first) > 512 + 256  # no 512-token window (nor ±256 around a token) holds both
+        assert len({words[i] for i in first}) == len({words[i] for i in last}) == 1
+        assert d.label == (words[first[0]] == words[last[0]])
     # every (first, last) combination occurs, so neither color alone says anything about the label
-    pairs = {tuple(w for w in d.text.split() if w in example.COLORS) for d in documents}
+    pairs = {(w[0], w[-1]) for d in documents for w in [[x for x in d.text.split() if x in example.COLORS]]}
     assert pairs == {(a, b) for a in example.COLORS for b in example.COLORS}
 
 
