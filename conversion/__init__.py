@@ -1,5 +1,6 @@
-"""swapformer.conversion: checkpoint key maps (as data), the strict converter, and folder-to-folder
-conversion with verification (`convert`, the `swapformer convert` command)."""
+"""swapformer.conversion: checkpoint key maps (as data), the strict converter, folder-to-folder
+conversion with verification (`convert`, the `swapformer convert` command), and long models made from
+BERT/RoBERTa (`stretch`, or `convert(..., max_length=...)`)."""
 
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ from .rules import (
     invert_state_dict,
     untied_state_dict,
 )
+from .stretch import LongSettings, stretch
 
 FAMILIES = {
     "bert": bert,
@@ -70,5 +72,7 @@ __all__ = [
     "expected_target_keys",
     "from_hf_model",
     "invert_state_dict",
+    "LongSettings",
+    "stretch",
     "untied_state_dict",
 ]

@@ -39,6 +39,8 @@ from .rules import (
     key_listing,
     untied_state_dict,
 )
+from .sentence_files import copy_sentence_transformers_files, sentence_transformers_files
+from .stretch import LongSettings, check_source, long_config_values, stretch_model
 
 TOLERANCE = 1e-4
 # Source tensors the swapformer model does not use (the leading rows of BART's and RoBERTa's position
@@ -75,6 +77,8 @@ class ConversionReport:
     target_class: str
     diffs: dict[str, float] = field(default_factory=dict)
     tokens: int = 0
+    # a long model (stretch.py): the source's positions and the config values set
+    long: dict = field(default_factory=dict)
 
     @property
     def max_diff(self) -> float:
@@ -226,14 +230,17 @@ def _on_meta(cls, config):
 # Verification -----------------------------------------------------------------------------------
 
 
-def _batch(config, pad_token_id: int | None, seq2seq: bool, length: int = 24):
+def _batch(config, pad_token_id: int | None, seq2seq: bool, length: int | None = None):
     """Inputs for both models: two rows, the second right-padded by a third, real tokens never the
-    pad id (RoBERTa counts positions over non-pad ids). No padding when there is no pad id."""
-    if config.position_embedding_type == "learned":
-        length = min(length, config.max_position_embeddings)
-    window = config.sliding_window
-    if window is not None and window <= 64:
-        length = max(length, window + 8)  # the window must cut something
+    pad id (RoBERTa counts positions over non-pad ids). No padding when there is no pad id. By
+    default 24 tokens, or more so that a small window cuts something."""
+    if length is None:
+        length = 24
+        if config.position_embedding_type == "learned":
+            length = min(length, config.max_position_embeddings)
+        window = config.sliding_window
+        if window is not None and window <= 64:
+            length = max(length, window + 8)  # the window must cut something
     if pad_token_id is not None and not 0 <= pad_token_id < config.vocab_size:
         pad_token_id = None  # e.g. GPT-2 configs naming id 50256 in a smaller vocabulary
     g = torch.Generator().manual_seed(0)
@@ -270,10 +277,13 @@ def _diff(a: torch.Tensor, b: torch.Tensor, mask: torch.Tensor | None) -> float:
 
 
 @torch.no_grad()
-def compare(reference, candidate, config, pad_token_id: int | None) -> tuple[dict[str, float], int]:
-    """Run two models on the same padded batch; max abs diffs of hidden states and logits."""
+def compare(
+    reference, candidate, config, pad_token_id: int | None, length: int | None = None
+) -> tuple[dict[str, float], int]:
+    """Run two models on the same padded batch (of `length` tokens, by default `_batch`'s); max abs
+    diffs of hidden states and logits."""
     seq2seq = bool(getattr(config, "is_encoder_decoder", False))
-    inputs, masks = _batch(config, pad_token_id, seq2seq)
+    inputs, masks = _batch(config, pad_token_id, seq2seq, length)
     a = reference(**inputs, output_hidden_states=True, return_dict=True)
     b = candidate(**inputs, output_hidden_states=True, return_dict=True)
     diffs = {}
@@ -301,10 +311,21 @@ def compare(reference, candidate, config, pad_token_id: int | None) -> tuple[dic
 # Writing ----------------------------------------------------------------------------------------
 
 
-def _copy_side_files(src: Path, dst: Path) -> None:
+def _copy_side_files(src: Path, dst: Path, max_length: int | None = None) -> None:
+    """Tokenizer files, and the sentence-transformers pipeline files (sentence_files.py). For a long
+    model (`max_length`), the tokenizer's `model_max_length` and sentence-transformers'
+    `max_seq_length` become `max_length`: both truncate inputs to them."""
     for name in TOKENIZER_FILES:
         if (src / name).is_file():
             shutil.copy2(src / name, dst / name)
+    copy_sentence_transformers_files(src, dst, sentence_transformers_files(src), max_length)
+    settings = dst / "tokenizer_config.json"
+    if max_length is not None and settings.is_file():
+        values = json.loads(settings.read_text())
+        limit = values.get("model_max_length")
+        if isinstance(limit, int) and limit < max_length:
+            values["model_max_length"] = max_length
+            settings.write_text(json.dumps(values, indent=2) + "\n")
 
 
 def _card(report: ConversionReport, direction: str, tolerance: float) -> str:
@@ -320,6 +341,18 @@ def _card(report: ConversionReport, direction: str, tolerance: float) -> str:
         )
     else:
         load = f'from transformers import {report.target_class}\nmodel = {report.target_class}.from_pretrained("{name}")'
+    long = copied = ""
+    if report.long:
+        copied = ", the position table copied (below)"
+        v = report.long
+        kinds = sorted(set(v["layer_types"]))
+        long = f"""
+Made long (Longformer's recipe): the learned position table of {v["source_positions"]} rows was copied
+repeatedly up to {v["max_position_embeddings"]} rows; layer types {", ".join(kinds)}
+(sliding_window {v["sliding_window"]}, global_tokens {v["global_tokens"]}). Inputs no longer than
+{report.tokens} tokens compute what the source computes (checked below); longer inputs read the copied
+rows, which the source never trained: continue pretraining (Longformer: masked LM) before relying on them.
+"""
     return f"""---
 library_name: transformers
 tags: [swapformer, converted]
@@ -328,8 +361,8 @@ tags: [swapformer, converted]
 # {Path(report.output).name}
 
 `{report.source_class}` (model_type `{report.family}`) from `{report.source}`, converted {direction} as
-`{report.target_class}` by `swapformer convert`. The weights are the source's, renamed and reshaped only.
-
+`{report.target_class}` by `swapformer convert`. The weights are the source's, renamed and reshaped only{copied}.
+{long}
 Verified after writing: both folders loaded again and run in fp32 on one batch of two sequences of
 {report.tokens} tokens, the second right-padded; max abs diff on real tokens (tolerance {tolerance:g}):
 
@@ -488,6 +521,10 @@ def convert(
     allow_unpickling: bool = False,
     tolerance: float = TOLERANCE,
     log: Callable[[str], None] = print,
+    max_length: int | None = None,
+    layer_types: str | list[str] | None = None,
+    window: int | None = None,
+    global_tokens: int | None = None,
 ) -> ConversionReport:
     """Convert the checkpoint folder `src` into `out`, verified; see the module docstring.
 
@@ -497,9 +534,15 @@ def convert(
         allow_unpickling: read pickle weights (pytorch_model.bin), which can run code from the file.
         tolerance: largest max abs diff (fp32) accepted between source and converted outputs.
         log: where progress and the measured diffs are printed.
+        max_length, layer_types, window, global_tokens: make a long model from a BERT or RoBERTa
+            checkpoint (stretch.py): the position table copied up to `max_length` rows, every layer of
+            `layer_types` (one name, or a list per layer), `sliding_window=window`, the first
+            `global_tokens` tokens global. None keeps the source's value. Verified on inputs as long
+            as the window (at most the source's positions), where the outputs must not change.
     Raises:
         ConversionError (a ValueError): bad paths, unsupported family or class, keys that do not line
-            up, truncated or pickle-only weights; `VerificationError` when the outputs differ.
+            up, truncated or pickle-only weights, long-model settings that do not fit the source;
+            `VerificationError` when the outputs differ. All before anything is written.
     """
     from .. import register
 
@@ -520,12 +563,23 @@ def convert(
         )
     if not to_hf:
         _family(model_type)
+    long = LongSettings(max_length, layer_types, window, global_tokens)
+    if long.given():
+        if to_hf:
+            raise ConversionError(
+                f"{long.flags()} make a long swapformer model and do not apply with --to-hf (to_hf=True); "
+                "drop them to convert back"
+            )
+        _check_long(src, long)
+    sentence_transformers_files(src)  # a broken modules.json is refused before anything is written
     use_safetensors = _check_weights(src, allow_unpickling)
     with _Signals(out) as signals:
         tmp = _scratch(out)
         try:
-            run = _to_hf if to_hf else _from_hf
-            report = run(src, tmp, use_safetensors=use_safetensors, log=log)
+            if to_hf:
+                report = _to_hf(src, tmp, use_safetensors=use_safetensors, log=log)
+            else:
+                report = _from_hf(src, tmp, use_safetensors=use_safetensors, log=log, long=long)
             report.output = str(out)
             for name, value in report.diffs.items():
                 log(f"verification: {name} max abs diff {value:.3e}")
@@ -547,7 +601,18 @@ def convert(
     return report
 
 
-def _from_hf(src: Path, tmp: Path, *, use_safetensors: bool, log) -> ConversionReport:
+def _check_long(src: Path, long: LongSettings) -> None:
+    """The long-model settings against the source's config (no weights read)."""
+    import transformers
+
+    hf_config = transformers.AutoConfig.from_pretrained(src)
+    check_source(hf_config.model_type)
+    long_config_values(_family(hf_config.model_type).config_from_hf(hf_config), long)
+
+
+def _from_hf(
+    src: Path, tmp: Path, *, use_safetensors: bool, log, long: LongSettings | None = None
+) -> ConversionReport:
     import transformers
 
     from .. import modeling
@@ -571,6 +636,26 @@ def _from_hf(src: Path, tmp: Path, *, use_safetensors: bool, log) -> ConversionR
     source = untied_state_dict(source_model)
 
     model, state, aside = build_target(module, archs[arch], source_model.config, source, meta=True)
+    long_values, verify_length = {}, None
+    if long is not None and long.given():
+        source_positions = model.config.max_position_embeddings
+        model = stretch_model(model, long, share=True)
+        config = model.config
+        long_values = {
+            "source_positions": source_positions,
+            **{
+                k: getattr(config, k)
+                for k in ("max_position_embeddings", "layer_types", "sliding_window", "global_tokens")
+            },
+        }
+        windowed = any(t != "full_attention" for t in config.layer_types)
+        # the longest input on which the long model must compute what the source computes
+        verify_length = min(source_positions, config.sliding_window) if windowed else source_positions
+        log(
+            f"long model: positions {source_positions} -> {config.max_position_embeddings} (copied), "
+            f"layer types {', '.join(sorted(set(config.layer_types)))}, sliding_window {config.sliding_window}, "
+            f"global_tokens {config.global_tokens}; verifying on {verify_length} tokens"
+        )
     model.config.converted_from = {"model_type": hf_config.model_type, "architecture": arch}
     if model.can_generate() and source_model.can_generate():
         model.generation_config = source_model.generation_config
@@ -581,22 +666,26 @@ def _from_hf(src: Path, tmp: Path, *, use_safetensors: bool, log) -> ConversionR
         save_file(
             {k: v.contiguous() for k, v in aside.items()}, tmp / UNUSED_WEIGHTS, metadata={"format": "pt"}
         )
-    _copy_side_files(src, tmp)
+    _copy_side_files(src, tmp, long_values.get("max_position_embeddings"))
     pad_token_id = source_model.config.pad_token_id
     del model, source_model, source, state, aside
-    diffs, tokens = _verify(hf_class, src, _auto_class(target_class), tmp, pad_token_id, use_safetensors)
+    diffs, tokens = _verify(
+        hf_class, src, _auto_class(target_class), tmp, pad_token_id, use_safetensors, verify_length
+    )
     return ConversionReport(
-        str(src), str(tmp), hf_config.model_type, arch, target_class.__name__, diffs, tokens
+        str(src), str(tmp), hf_config.model_type, arch, target_class.__name__, diffs, tokens, long_values
     )
 
 
-def _verify(source_class, src: Path, target_class, tmp: Path, pad_token_id, use_safetensors: bool):
+def _verify(
+    source_class, src: Path, target_class, tmp: Path, pad_token_id, use_safetensors: bool, length=None
+):
     """Both folders loaded afresh from disk in fp32 (nothing shared with the tensors just written),
-    run on the same batch; the batch is sized by the swapformer side's config."""
+    run on the same batch; the batch is sized by the swapformer side's config, or `length` tokens."""
     reference = _load(source_class, src, dtype=torch.float32, use_safetensors=use_safetensors)
     candidate = _load(target_class, tmp, dtype=torch.float32)
     swapformer_side = candidate if candidate.config.model_type in SWAPFORMER_TYPES else reference
-    return compare(reference, candidate, swapformer_side.config, pad_token_id)
+    return compare(reference, candidate, swapformer_side.config, pad_token_id, length)
 
 
 def _targets(rules, key: str) -> tuple[str, ...]:
@@ -667,6 +756,29 @@ def _check_implied_config(config, ours: str, family: str, candidates: dict) -> N
     )
 
 
+def _attention_layout(config) -> tuple:
+    """Which keys each layer sees: layer types, and the window and global tokens where layers read them."""
+    kinds = config._all_layer_types()
+    windowed = any(k != "full_attention" for k in kinds)
+    patterned = any(k in ("sliding_global_attention", "bigbird_attention") for k in kinds)
+    return tuple(kinds), config.sliding_window if windowed else None, config.global_tokens if patterned else 0
+
+
+def _check_attention_layout(config, again, src: Path, family: str) -> None:
+    """Refuse to convert back a model whose attention the family cannot express (a long model made by
+    stretch.py): the family's model would attend where this one does not, and the verification batch,
+    shorter than the window, would not notice."""
+    ours, theirs = _attention_layout(config), _attention_layout(again)
+    if ours != theirs:
+        raise ConversionError(
+            f"{src} has layer types {sorted(set(ours[0]))} with sliding_window={ours[1]}, global_tokens={ours[2]}, "
+            f"which {family} cannot express (its layers: {sorted(set(theirs[0]))}); converting back would change "
+            "what the model computes on longer inputs. Convert back only a model with the family's attention, e.g. "
+            f"from_pretrained(folder, layer_types={[theirs[0][0]]} * {config.num_hidden_layers}) then save_pretrained, "
+            "if that is what you want"
+        )
+
+
 def _to_hf(src: Path, tmp: Path, *, use_safetensors: bool, log) -> ConversionReport:
     import transformers
     from huggingface_hub import save_torch_state_dict
@@ -689,6 +801,7 @@ def _to_hf(src: Path, tmp: Path, *, use_safetensors: bool, log) -> ConversionRep
             f"{src / 'config.json'} names architectures={config.architectures}; expected a swapformer class"
         )
     hf_config = module.config_to_hf(config)
+    _check_attention_layout(config, module.config_from_hf(hf_config), src, origin["model_type"])
     archs = architectures_for(module, hf_config)
     candidates = [a for a, arch in archs.items() if arch.target == ours]
     if not candidates:

@@ -1,8 +1,18 @@
-"""`swapformer convert SRC OUT [--to-hf] [--overwrite] [--allow-unpickling]`."""
+"""`swapformer convert SRC OUT [--to-hf] [--overwrite] [--allow-unpickling] [--max-length N --layer-types T
+--window W --global-tokens K]`."""
 
 from __future__ import annotations
 
 import argparse
+
+
+def parse_layer_types(text: str):
+    from .stretch import parse_layer_types
+
+    try:
+        return parse_layer_types(text)
+    except ValueError as e:  # argparse reports ArgumentTypeError messages as one usage line, exit code 2
+        raise argparse.ArgumentTypeError(str(e)) from e
 
 
 def add_subcommand(subparsers) -> None:
@@ -36,6 +46,29 @@ def add_subcommand(subparsers) -> None:
     parser.add_argument(
         "--tolerance", type=float, default=1e-4, help="largest max abs diff (fp32) accepted (default: 1e-4)"
     )
+    long = parser.add_argument_group(
+        "long model (BERT, RoBERTa)",
+        "Longformer's recipe: copy the learned position table up to --max-length rows and make the layers "
+        "windowed, e.g. --max-length 4096 --layer-types sliding_global_attention --window 512 --global-tokens 1. "
+        "Verified on inputs as long as the window, where the outputs must equal the source's; a "
+        "sentence-transformers max_seq_length and the tokenizer's model_max_length become --max-length.",
+    )
+    long.add_argument(
+        "--max-length",
+        type=int,
+        help="the longest input in tokens: rows of the new position table, at least the source's (RoBERTa: not "
+        "counting its 2 padding-offset rows; Longformer: 4096)",
+    )
+    long.add_argument(
+        "--layer-types",
+        type=parse_layer_types,
+        help="one layer type for every layer (full_attention, sliding_attention, sliding_global_attention, "
+        "bigbird_attention) or a JSON list with one per layer",
+    )
+    long.add_argument("--window", type=int, help="sliding_window of the windowed layers")
+    long.add_argument(
+        "--global-tokens", type=int, help="how many leading tokens are global (Longformer: 1, [CLS])"
+    )
     parser.set_defaults(func=_run)
 
 
@@ -57,6 +90,10 @@ def _run(args: argparse.Namespace) -> int:
             overwrite=args.overwrite,
             allow_unpickling=args.allow_unpickling,
             tolerance=args.tolerance,
+            max_length=args.max_length,
+            layer_types=args.layer_types,
+            window=args.window,
+            global_tokens=args.global_tokens,
         )
     except ConversionInterrupted as e:
         print(f"swapformer convert: {e}", file=sys.stderr)

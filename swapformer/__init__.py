@@ -34,6 +34,7 @@ _LAZY = {
         "configuration",
     ),
     "convert": "conversion",
+    "stretch": "conversion",
     **dict.fromkeys(
         (
             "SwapformerPreTrainedModel",
@@ -65,7 +66,7 @@ if TYPE_CHECKING:  # for type checkers and IDEs; at run time these come from __g
         SwapformerConfig,
         capability_table_markdown,
     )
-    from .conversion import convert  # noqa: F401
+    from .conversion import convert, stretch  # noqa: F401
     from .modeling import (  # noqa: F401
         DecoderForCausalLM,
         DecoderForSequenceClassification,

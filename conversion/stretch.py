@@ -1,0 +1,307 @@
+"""Dense to long: an encoder with a longer learned position table and windowed attention layers.
+
+Longformer's recipe (Beltagy et al. 2020, https://arxiv.org/abs/2004.05150, section 5): a model
+trained on 512 positions gets a 4096-row table made of copies of its learned 512 rows (the
+attention of a pretrained model is mostly local, so each copy keeps that local structure), and its
+layers attend within a window plus a few global tokens. Up to the window's length, a query sees every
+key, and the first copy of the table is the source's own: the long model then computes exactly
+what the source computes. Longer inputs read the later copies; Longformer continued masked-LM
+pretraining from there, and so should anyone who needs quality beyond the source's length.
+
+RoBERTa's table starts at row padding_idx + 1 = 2 (transformers counts positions from there); the
+conversion has already set those two rows aside (`unused_source_weights.safetensors`), so the table
+copied here starts at the first position a real token reads, as Longformer copied rows 2..513.
+
+`stretch(model_or_path, max_length=4096, layer_types="sliding_global_attention", window=512,
+global_tokens=1)` works in memory; `convert(src, out, max_length=..., ...)` (the `swapformer convert`
+flags `--max-length`, `--layer-types`, `--window`, `--global-tokens`) writes a verified folder.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+import os
+from dataclasses import dataclass
+
+import torch
+
+from ..configuration.configuration_swapformer import LAYER_TYPES
+from .rules import ConversionError
+
+# Families whose position table can be copied: bidirectional encoders with learned absolute positions.
+ENCODER_FAMILIES = ("bert", "roberta")
+_ROPE = (
+    "{} has RoPE positions and no position table to copy; to extend its context, convert without these "
+    "flags and load the converted folder with RoPE scaling, e.g. from_pretrained(out, rope_parameters="
+    "{{'rope_type': 'yarn', 'factor': 4.0, 'original_max_position_embeddings': N, 'rope_theta': the source's}}, "
+    "max_position_embeddings=4 * N)"
+)
+# Why the others cannot, and what to do instead.
+NOT_STRETCHABLE = {
+    "gpt2": (
+        "gpt2 is a causal decoder: copying its learned position table (Longformer's recipe, made for "
+        "bidirectional encoders) gives it positions it never learned to continue from"
+    ),
+    "llama": _ROPE.format("llama"),
+    "mistral": _ROPE.format("mistral"),
+    "t5": (
+        "t5 has a relative position bias and no table of absolute positions: it already runs on longer "
+        "inputs as it is"
+    ),
+    "bart": (
+        "bart is an encoder-decoder; copying its position tables (as LED did) is not implemented, only "
+        "encoders (bert, roberta) stretch"
+    ),
+}
+PATTERNED = ("sliding_global_attention", "bigbird_attention")  # layer types that read global tokens
+
+
+def _arg(name: str, value) -> str:
+    """How a setting reads in a message: the command-line flag and the Python keyword."""
+    return f"--{name.replace('_', '-')} {value if not isinstance(value, list) else json.dumps(value)} ({name}={value!r})"
+
+
+@dataclass(frozen=True)
+class LongSettings:
+    """What `--max-length`, `--layer-types`, `--window` and `--global-tokens` ask for; None: keep the
+    source's value. `layer_types` is one name for every layer or a list with one per layer."""
+
+    max_length: int | None = None
+    layer_types: str | list[str] | tuple[str, ...] | None = None
+    window: int | None = None
+    global_tokens: int | None = None
+
+    def given(self) -> bool:
+        return any(v is not None for v in vars(self).values())
+
+    def flags(self) -> str:
+        return " ".join(f"--{k.replace('_', '-')}" for k, v in vars(self).items() if v is not None)
+
+
+def parse_layer_types(text: str) -> str | list[str]:
+    """`--layer-types`: one name (for every layer) or a JSON list with one name per layer."""
+    text = text.strip()
+    if not text.startswith("["):
+        return text
+    try:
+        value = json.loads(text)
+    except ValueError as e:
+        raise ValueError(
+            f"--layer-types {text} is not a valid JSON list ({e}); write one name for every layer, or a list "
+            'such as \'["sliding_global_attention", "full_attention"]\''
+        ) from e
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise ValueError(f"--layer-types {text} must be a JSON list of layer type names")
+    return value
+
+
+def check_source(model_type: str | None, config=None) -> None:
+    """Refuse a source whose positions cannot be stretched, saying what to do instead (`config`: a
+    swapformer encoder's, whose position type decides)."""
+    if model_type in ENCODER_FAMILIES:
+        return
+    if model_type == "swapformer_encoder" and config is not None:
+        if config.position_embedding_type == "learned":
+            return
+        reason = (
+            f"this encoder has position_embedding_type={config.position_embedding_type!r}; only learned "
+            "position tables are copied"
+        )
+    elif model_type in ("swapformer_decoder", "swapformer_seq2seq"):
+        reason = f"{model_type} is not an encoder; only encoders with learned positions stretch"
+    else:
+        reason = NOT_STRETCHABLE.get(
+            model_type, f"model_type={model_type!r} has no conversion (supported encoders: bert, roberta)"
+        )
+    raise ConversionError(
+        f"Cannot make a long model from this source: {reason}. The long-model settings (max_length, "
+        "layer_types, window, global_tokens) apply to BERT and RoBERTa checkpoints; convert without them"
+    )
+
+
+def _int(name: str, value, minimum: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ConversionError(f"{_arg(name, value)} must be an integer >= {minimum}")
+
+
+def long_config_values(config, settings: LongSettings) -> dict:
+    """The swapformer config fields `settings` set on an encoder `config` (its learned table has
+    `config.max_position_embeddings` rows), checked with messages that name the flags.
+
+    Returns {max_position_embeddings, layer_types, sliding_window, global_tokens}.
+    Raises:
+        ConversionError (a ValueError): a value out of range, or settings that contradict each other.
+    """
+    source_length = config.max_position_embeddings
+    max_length = source_length if settings.max_length is None else settings.max_length
+    if settings.max_length is not None:
+        _int("max_length", settings.max_length, 1)
+        if max_length < source_length:
+            raise ConversionError(
+                f"{_arg('max_length', max_length)} is shorter than the source's {source_length} learned positions; "
+                f"pass at least {source_length} (Longformer: 4096 from 512), or leave it out to keep {source_length}"
+            )
+    n = config.num_hidden_layers
+    layer_types = settings.layer_types
+    if layer_types is None:
+        layer_types = list(config.layer_types)
+    elif isinstance(layer_types, str):
+        layer_types = [layer_types] * n
+    else:
+        layer_types = list(layer_types)
+        if len(layer_types) != n:
+            raise ConversionError(
+                f"{_arg('layer_types', layer_types)} lists {len(layer_types)} layer types but the model has "
+                f"{n} layers; give one name for all of them or a list of {n}"
+            )
+    for name in layer_types:
+        if name not in LAYER_TYPES:
+            raise ConversionError(
+                f"{_arg('layer_types', settings.layer_types)}: {name!r} is not a layer type; choose from "
+                f"{', '.join(LAYER_TYPES)}"
+            )
+    windowed = [t for t in layer_types if t != "full_attention"]
+    window = settings.window if settings.window is not None else config.sliding_window
+    if settings.window is not None:
+        _int("window", settings.window, 1)
+        if not windowed:
+            raise ConversionError(
+                f"{_arg('window', settings.window)} has no layer to apply to: every layer is full_attention; add "
+                "--layer-types sliding_global_attention (layer_types='sliding_global_attention') or drop the window"
+            )
+    if windowed and window is None:
+        raise ConversionError(
+            f"layer_types {windowed[0]!r} needs a window width: pass --window (window=), e.g. --window 512"
+        )
+    if windowed and window >= max_length:
+        raise ConversionError(
+            f"{_arg('window', window)} is not smaller than the {max_length} positions of the long model, so "
+            f"the window never cuts anything; pass a smaller window or a larger --max-length (max_length=)"
+        )
+    global_tokens = settings.global_tokens if settings.global_tokens is not None else config.global_tokens
+    if settings.global_tokens is not None:
+        _int("global_tokens", settings.global_tokens, 0)
+        if settings.global_tokens and not any(t in PATTERNED for t in layer_types):
+            raise ConversionError(
+                f"{_arg('global_tokens', settings.global_tokens)} has no layer to apply to: only "
+                f"{' and '.join(PATTERNED)} layers read global tokens; pass --layer-types "
+                "sliding_global_attention (layer_types='sliding_global_attention') or drop --global-tokens"
+            )
+        if settings.global_tokens >= max_length:
+            raise ConversionError(
+                f"{_arg('global_tokens', settings.global_tokens)} must be smaller than the {max_length} "
+                "positions of the model (Longformer makes the first token, [CLS], global: 1)"
+            )
+    return {
+        "max_position_embeddings": max_length,
+        "layer_types": layer_types,
+        "sliding_window": window if windowed else config.sliding_window,
+        "global_tokens": global_tokens,
+    }
+
+
+def copied_table(table: torch.Tensor, rows: int) -> torch.Tensor:
+    """`rows` rows made of copies of `table` (N, E) one after another (row i is table[i % N])."""
+    return table.repeat(math.ceil(rows / table.shape[0]), 1)[:rows].contiguous()
+
+
+def stretch_model(model, settings: LongSettings, *, share: bool = False):
+    """A new swapformer encoder of the class of `model` with the config values of `settings` and its
+    position table copied up to `max_length` rows; the other tensors are `model`'s (cloned unless
+    `share`, which the conversion uses for tensors it writes and drops at once)."""
+    check_source(model.config.model_type, model.config)
+    values = long_config_values(model.config, settings)
+    config = copy.deepcopy(model.config)
+    for name, value in values.items():
+        setattr(config, name, value)
+    config._validate()
+    state = model.state_dict()
+    key = model.base_model_prefix + ".embed_positions.weight"
+    key = key if key in state else "embed_positions.weight"
+    if not share:
+        state = {k: v.detach().clone() for k, v in state.items()}
+    state[key] = copied_table(state[key].detach(), values["max_position_embeddings"])
+    with torch.device("meta"):
+        long = type(model)(config)
+    result = long.load_state_dict(state, strict=False, assign=True)
+    if set(result.missing_keys) - set(long.all_tied_weights_keys) or result.unexpected_keys:
+        raise ConversionError(f"The long model's keys disagree with the source's: {result}")
+    long.tie_weights()
+    return long.train(model.training)
+
+
+def _load_any(path: str | os.PathLike, settings: LongSettings):
+    """A swapformer encoder from a folder: a swapformer folder as it is, a BERT/RoBERTa folder converted
+    in memory. `settings` are checked against the folder's config before any weight is read."""
+    import transformers
+
+    from .. import modeling, register
+    from . import FAMILIES, from_hf_model
+    from .checkpoint import architectures_for
+
+    register()
+    config = transformers.AutoConfig.from_pretrained(path)
+    check_source(config.model_type, config)
+    arch = (config.architectures or [None])[0]
+    if config.model_type == "swapformer_encoder":
+        long_config_values(config, settings)
+        return getattr(modeling, arch or "EncoderModel").from_pretrained(path)
+    long_config_values(FAMILIES[config.model_type].config_from_hf(config), settings)
+    archs = architectures_for(FAMILIES[config.model_type], config)
+    arch = arch or next(iter(archs))
+    if arch not in archs:
+        raise ConversionError(
+            f"{arch} has no swapformer counterpart; {config.model_type} converts: {', '.join(archs)}"
+        )
+    hf_model = getattr(transformers, arch).from_pretrained(path)
+    return from_hf_model(hf_model, getattr(modeling, archs[arch].target))
+
+
+def stretch(
+    model_or_path,
+    *,
+    max_length: int | None = None,
+    layer_types: str | list[str] | None = None,
+    window: int | None = None,
+    global_tokens: int | None = None,
+):
+    """A long swapformer encoder made from a BERT, RoBERTa or swapformer encoder (see the module docstring).
+
+    Args:
+        model_or_path: a swapformer encoder model, a transformers BERT/RoBERTa model (any of the heads
+            that convert), or a folder holding either.
+        max_length: rows of the new position table (the longest input); at least the source's.
+        layer_types: one layer type for every layer (`"sliding_global_attention"`) or a list per layer.
+        window: `sliding_window` of the windowed layers.
+        global_tokens: how many leading tokens are global (Longformer: 1, the [CLS] token).
+    Returns:
+        A new model (the source is not changed): on inputs no longer than `window` (and the source's
+        positions) it computes what the source computes.
+    Raises:
+        ConversionError (a ValueError): a source that cannot stretch (decoders, T5, RoPE), or settings
+            out of range or contradicting each other, naming the values and the fix.
+    """
+    settings = LongSettings(max_length, layer_types, window, global_tokens)
+    if isinstance(model_or_path, (str, os.PathLike)):
+        return stretch_model(_load_any(model_or_path, settings), settings, share=True)
+    config = getattr(model_or_path, "config", None)
+    if config is None:
+        raise TypeError(f"stretch() takes a model or a folder path, got {type(model_or_path).__name__}")
+    if config.model_type.startswith("swapformer"):
+        return stretch_model(model_or_path, settings)
+    check_source(config.model_type, config)
+    from .. import modeling
+    from . import FAMILIES, from_hf_model
+    from .checkpoint import architectures_for
+
+    archs = architectures_for(FAMILIES[config.model_type], config)
+    arch = archs.get(type(model_or_path).__name__)
+    if arch is None:
+        raise ConversionError(
+            f"{type(model_or_path).__name__} has no swapformer counterpart; {config.model_type} converts: "
+            f"{', '.join(archs)}"
+        )
+    converted = from_hf_model(model_or_path, getattr(modeling, arch.target))
+    return stretch_model(converted, settings, share=True)
