@@ -5,7 +5,8 @@ Each document is filler words with one color word near its start and one near it
 a few times within its first or last 32 words); the label says whether the two colors match. A
 512-token window never holds both, and adding up (or taking the max of) per-window evidence cannot
 tell "same" from "different", so the chunked model stays at chance; the long model's global [CLS]
-token attends to every token, so it can in principle compare them (measured so far: at these defaults it did not learn to within 72-144 steps either; see the notes).
+token attends to every token, so it can in principle compare them (measured so far: at these
+defaults it did not learn to within 72-144 steps either; see the notes).
 
     python examples/long_document_classification.py        # full size
     python examples/long_document_classification.py --length 96 --max-length 512 --window 32 \\
