@@ -52,7 +52,7 @@ _LAZY = {
         "modeling",
     ),
 }
-_SUBPACKAGES = ("auto", "cli", "configuration", "conversion", "hub_cards", "modeling", "training")
+_SUBPACKAGES = ("auto", "chunking", "cli", "configuration", "conversion", "hub_cards", "modeling", "training")
 
 __all__ = list(_LAZY)
 
