@@ -35,6 +35,7 @@ import torch
 from ..configuration.configuration_swapformer import EncoderConfig
 from .bert import LAYER_RULES, POOLER_RULE, check_encoder, encoder_config, encoder_heads, hf_encoder_fields
 from .bert import positions_from_row as _positions_from_row
+from .roberta import CLASSIFIER_RULES, MLM_RULES, lm_head_check
 from .rules import ConversionError, Rule
 
 _S = r"encoder\.layer\.(\d+)\.attention\.self\."
@@ -52,13 +53,7 @@ CLASSES = {
 }
 
 
-def check_lm_head(hf) -> None:
-    if hf.hidden_act != "gelu":
-        raise ConversionError(
-            f"LongformerForMaskedLM's lm_head.dense cannot map: Longformer's LM head applies GELU after it whatever "
-            f"hidden_act says, and swapformer's masked-LM head applies hidden_act={hf.hidden_act!r}. Convert the "
-            "encoder alone (LongformerModel), or a checkpoint with hidden_act='gelu'"
-        )
+check_lm_head = lm_head_check("Longformer", "LongformerModel")
 
 
 def architectures(offset: int):
@@ -67,14 +62,8 @@ def architectures(offset: int):
     heads = encoder_heads(
         "longformer.",
         base,
-        mlm_rules=[
-            Rule(r"lm_head\.dense\.(weight|bias)", r"lm_head.dense.\1"),
-            Rule(r"lm_head\.layer_norm\.(weight|bias)", r"lm_head.norm.\1"),
-            Rule(r"lm_head\.decoder\.weight", "lm_head.decoder.weight"),
-            # lm_head.bias is the decoder's bias under a second name (tied in transformers)
-            Rule(r"lm_head\.(decoder\.)?bias", "lm_head.decoder.bias"),
-        ],
-        seq_rules=[Rule(r"classifier\.(dense|out_proj)\.(weight|bias)", r"classifier.\1.\2")],
+        mlm_rules=MLM_RULES,
+        seq_rules=CLASSIFIER_RULES,
         seq_pooler=False,
         mlm_check=check_lm_head,
     )

@@ -24,13 +24,33 @@ from .bert import (
 from .rules import ConversionError, Rule
 
 
-def check_lm_head(hf) -> None:
-    if hf.hidden_act != "gelu":
-        raise ConversionError(
-            f"RobertaForMaskedLM's lm_head.dense cannot map: RoBERTa's LM head applies GELU after it whatever "
-            f"hidden_act says, and swapformer's masked-LM head applies hidden_act={hf.hidden_act!r}. Convert the "
-            "encoder alone (RobertaModel), or a checkpoint with hidden_act='gelu'"
-        )
+def lm_head_check(family: str, encoder_class: str):
+    """The check of a RoBERTa-style masked-LM head (RoBERTa, Longformer): its head applies GELU after
+    `lm_head.dense` whatever `hidden_act` says, where swapformer's applies `hidden_act`."""
+
+    def check(hf) -> None:
+        if hf.hidden_act != "gelu":
+            raise ConversionError(
+                f"{family}ForMaskedLM's lm_head.dense cannot map: {family}'s LM head applies GELU after it whatever "
+                f"hidden_act says, and swapformer's masked-LM head applies hidden_act={hf.hidden_act!r}. Convert the "
+                f"encoder alone ({encoder_class}), or a checkpoint with hidden_act='gelu'"
+            )
+
+    return check
+
+
+check_lm_head = lm_head_check("Roberta", "RobertaModel")
+
+# The heads RoBERTa and Longformer share: the masked LM (dense, norm, tied decoder) and the classifier
+# (dense, out_proj, no pooler).
+MLM_RULES = [
+    Rule(r"lm_head\.dense\.(weight|bias)", r"lm_head.dense.\1"),
+    Rule(r"lm_head\.layer_norm\.(weight|bias)", r"lm_head.norm.\1"),
+    Rule(r"lm_head\.decoder\.weight", "lm_head.decoder.weight"),
+    # lm_head.bias is the decoder's bias under a second name (tied in transformers)
+    Rule(r"lm_head\.(decoder\.)?bias", "lm_head.decoder.bias"),
+]
+CLASSIFIER_RULES = [Rule(r"classifier\.(dense|out_proj)\.(weight|bias)", r"classifier.\1.\2")]
 
 
 def architectures(offset: int):
@@ -41,14 +61,8 @@ def architectures(offset: int):
         for suffix, arch in encoder_heads(
             "roberta.",
             base,
-            mlm_rules=[
-                Rule(r"lm_head\.dense\.(weight|bias)", r"lm_head.dense.\1"),
-                Rule(r"lm_head\.layer_norm\.(weight|bias)", r"lm_head.norm.\1"),
-                Rule(r"lm_head\.decoder\.weight", "lm_head.decoder.weight"),
-                # lm_head.bias is the decoder's bias under a second name (tied in transformers)
-                Rule(r"lm_head\.(decoder\.)?bias", "lm_head.decoder.bias"),
-            ],
-            seq_rules=[Rule(r"classifier\.(dense|out_proj)\.(weight|bias)", r"classifier.\1.\2")],
+            mlm_rules=MLM_RULES,
+            seq_rules=CLASSIFIER_RULES,
             seq_pooler=False,
             mlm_check=check_lm_head,
         ).items()
