@@ -70,18 +70,20 @@ def encoder_heads(
 
 
 _P = r"cls\.predictions\."
+# BERT's masked-LM head (BigBird has the same one)
+MLM_RULES = [
+    Rule(_P + r"transform\.dense\.(weight|bias)", r"lm_head.dense.\1"),
+    Rule(_P + r"transform\.LayerNorm\.(weight|bias)", r"lm_head.norm.\1"),
+    Rule(_P + r"decoder\.weight", "lm_head.decoder.weight"),
+    # cls.predictions.bias is the decoder's bias under a second name (tied in transformers)
+    Rule(_P + r"(decoder\.)?bias", "lm_head.decoder.bias"),
+]
 ARCHITECTURES = {
     "Bert" + suffix: arch
     for suffix, arch in encoder_heads(
         "bert.",
         BASE_RULES,
-        mlm_rules=[
-            Rule(_P + r"transform\.dense\.(weight|bias)", r"lm_head.dense.\1"),
-            Rule(_P + r"transform\.LayerNorm\.(weight|bias)", r"lm_head.norm.\1"),
-            Rule(_P + r"decoder\.weight", "lm_head.decoder.weight"),
-            # cls.predictions.bias is the decoder's bias under a second name (tied in transformers)
-            Rule(_P + r"(decoder\.)?bias", "lm_head.decoder.bias"),
-        ],
+        mlm_rules=MLM_RULES,
         seq_rules=[Rule(r"classifier\.(weight|bias)", r"classifier.\1")],
         seq_pooler=True,
     ).items()

@@ -24,7 +24,7 @@ from __future__ import annotations
 import dataclasses
 
 from ..configuration.configuration_swapformer import EncoderConfig
-from .bert import LAYER_RULES, check_encoder, encoder_config, encoder_heads, hf_encoder_fields
+from .bert import LAYER_RULES, MLM_RULES, check_encoder, encoder_config, encoder_heads, hf_encoder_fields
 from .rules import ASIDE, ConversionError, Rule
 
 BASE_RULES = [
@@ -32,17 +32,10 @@ BASE_RULES = [
     Rule(r"embeddings\.position_embeddings\.weight", "embed_positions.weight"),
     Rule(r"pooler\.(weight|bias)", r"pooler.dense.\1"),
 ]
-_P = r"cls\.predictions\."
 _HEADS = encoder_heads(
     "bert.",
     BASE_RULES,
-    mlm_rules=[
-        Rule(_P + r"transform\.dense\.(weight|bias)", r"lm_head.dense.\1"),
-        Rule(_P + r"transform\.LayerNorm\.(weight|bias)", r"lm_head.norm.\1"),
-        Rule(_P + r"decoder\.weight", "lm_head.decoder.weight"),
-        # cls.predictions.bias is the decoder's bias under a second name (tied in transformers)
-        Rule(_P + r"(decoder\.)?bias", "lm_head.decoder.bias"),
-    ],
+    mlm_rules=MLM_RULES,
     seq_rules=[],
     seq_pooler=True,
 )
