@@ -35,7 +35,8 @@ from transformers import LongformerConfig, LongformerModel
 
 import swapformer
 from swapformer.modeling.attention import eager_attention_forward
-from swapformer.modeling.masks import AttentionPattern, lower, random_layouts
+from swapformer.modeling.lowering import lower
+from swapformer.modeling.masks import AttentionPattern, random_layouts
 from swapformer.modeling.sparse import sparse_attention_forward
 
 HEADS, HEAD_DIM, BLOCK, WINDOW, GLOBALS, RANDOM = 12, 64, 64, 129, 1, 3

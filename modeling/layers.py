@@ -16,11 +16,9 @@ from collections.abc import Callable
 
 import torch
 from torch import nn
-from transformers.activations import ACT2FN
 from transformers.cache_utils import Cache, EncoderDecoderCache
 from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
-from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 from ..configuration.backends import LAYER_TYPE_PATTERN
 from ..configuration.configuration_swapformer import GLOBAL_KINDS
@@ -31,6 +29,7 @@ from .attention import (
     eager_attention_forward,
     repeat_kv,
 )
+from .hf_compat import ACT2FN, ALL_ATTENTION_FUNCTIONS
 from .masks import AttentionPattern, KernelMask
 
 # Norms ---------------------------------------------------------------------------------------------

@@ -13,13 +13,13 @@ import warnings
 import torch
 from torch import nn
 from transformers import PreTrainedModel
-from transformers import initialization as init
 from transformers.generation import GenerationMixin
 from transformers.utils import logging
 
 from ..configuration.backends import PER_LAYER_BACKEND, check_layer_backends
 from ..configuration.configuration_swapformer import SwapformerConfig
 from .attention import check_backend_for_model
+from .hf_compat import init
 from .layers import RMSNorm
 from .remote_code import write_remote_code
 from .stack import static_key_slots

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import torch
 from torch import nn
-from transformers.activations import ACT2FN
 from transformers.modeling_outputs import (
     BaseModelOutputWithPooling,
     MaskedLMOutput,
@@ -14,6 +13,7 @@ from transformers.modeling_outputs import (
 )
 
 from ..configuration.configuration_swapformer import EncoderConfig
+from .hf_compat import ACT2FN
 from .layers import make_norm
 from .modeling_base import (
     SwapformerPreTrainedModel,

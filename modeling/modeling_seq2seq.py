@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import torch
 from torch import nn
-from transformers import initialization as init
 from transformers.cache_utils import Cache, DynamicCache, DynamicLayer, EncoderDecoderCache
 from transformers.modeling_outputs import (
     BaseModelOutput,
@@ -15,6 +14,7 @@ from transformers.modeling_outputs import (
 )
 
 from ..configuration.configuration_swapformer import Seq2SeqConfig
+from .hf_compat import init
 from .modeling_base import (
     SwapformerGenerationMixin,
     SwapformerPreTrainedModel,

@@ -15,18 +15,12 @@ import dataclasses
 
 import torch
 from torch import nn
-from transformers.cache_utils import (
-    DYNAMIC_LAYER_TYPE_MAPPING,
-    STATIC_LAYER_TYPE_MAPPING,
-    Cache,
-    DynamicLayer,
-    DynamicSlidingWindowLayer,
-    StaticLayer,
-)
+from transformers.cache_utils import Cache, DynamicLayer, StaticLayer
 
 from ..configuration.backends import LAYER_TYPE_PATTERN, check_batch_feature
 from ..configuration.configuration_swapformer import GLOBAL_KINDS
 from .attention import check_backend_for_batch, lower_mask
+from .hf_compat import DYNAMIC_LAYER_TYPE_MAPPING, STATIC_LAYER_TYPE_MAPPING, DynamicSlidingWindowLayer
 from .layers import Block, alibi_bias, make_norm, relative_position_bucket, rope_cos_sin, sinusoidal_embedding
 from .masks import AttentionPattern, random_layouts
 from .packing import (
