@@ -127,22 +127,23 @@ BACKENDS: dict[str, Capabilities] = {
     ),
 }
 
+
+def runs_everything(caps: Capabilities) -> bool:
+    """Every pattern and every yes/no feature of the table."""
+    return caps.patterns == PATTERNS and all(getattr(caps, f) is not False for f in FEATURES)
+
+
 # Names transformers knows that swapformer does not run: why, and which rows to offer instead.
 UNSUPPORTED = {
     "flash_attention_3": ("FlashAttention 3 is not wired into swapformer", lambda c: c.devices == ("cuda",)),
     "flash_attention_4": ("FlashAttention 4 is not wired into swapformer", lambda c: c.devices == ("cuda",)),
-    "paged|eager": ("paged attention is not supported", lambda c: runs_everything(c)),
+    "paged|eager": ("paged attention is not supported", runs_everything),
 }
 
 
 def capable(has: Callable[[Capabilities], bool], device: str | None = None) -> list[str]:
     """The backends whose row satisfies `has` (and that run on `device`, when given), in table order."""
     return [n for n, c in BACKENDS.items() if has(c) and (device is None or device in c.devices)]
-
-
-def runs_everything(caps: Capabilities) -> bool:
-    """Every pattern and every yes/no feature of the table."""
-    return caps.patterns == PATTERNS and all(getattr(caps, f) is not False for f in FEATURES)
 
 
 def has_feature(caps: Capabilities, feature: str) -> bool:

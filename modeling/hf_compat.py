@@ -77,10 +77,11 @@ def _no_hf_mask(*args, **kwargs):
 def _same_function(a, b) -> bool:
     """`a` is `b`, or the same function of another copy of swapformer's code (remote code flattens the
     modules into a folder of its own: same name, same module basename)."""
-    if a is b:
-        return True
-    name = lambda f: (getattr(f, "__qualname__", None), getattr(f, "__module__", "").rpartition(".")[2])  # noqa: E731
-    return name(a) == name(b)
+    return a is b or _where(a) == _where(b)
+
+
+def _where(fn) -> tuple:
+    return getattr(fn, "__qualname__", None), getattr(fn, "__module__", "").rpartition(".")[2]
 
 
 def register(registry: dict, name: str, value, what: str) -> None:
@@ -131,7 +132,9 @@ def _register_all() -> None:
 
 _register_all()
 
-# swapformer's own lookup: every global entry, plus the user-facing names, for swapformer's layers only
+# swapformer's own lookup: every global entry, plus the user-facing names and the dispatcher, for
+# swapformer's layers only. Held locally, each copy of the code (the package, a remote-code folder loaded
+# in the same process) runs its own functions, whichever copy registered the global entries last.
 ALL_ATTENTION_FUNCTIONS = AttentionInterface()
-for _name, _fn in REGISTERED.items():
+for _name, _fn in (*REGISTERED.items(), (PER_LAYER_BACKEND, per_layer_attention_forward)):
     ALL_ATTENTION_FUNCTIONS[_name] = _fn

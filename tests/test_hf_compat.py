@@ -88,6 +88,22 @@ def test_attention_interface_local_names_stay_local():
         AttentionInterface().get_interface("sparse", None)
 
 
+def test_swapformer_runs_its_own_functions_whoever_registered_last(monkeypatch):
+    """A remote-code copy of swapformer loaded in the same process registers the same prefixed names
+    again (same function of another copy: allowed); this copy's layers still look up its own."""
+    other = AttentionInterface()
+    for name in ("swapformer_sparse", PER_LAYER_BACKEND):
+        monkeypatch.setitem(AttentionInterface._global_mapping, name, lambda *a, **k: None)
+    local = hf_compat.ALL_ATTENTION_FUNCTIONS
+    contract(local.get_interface("sparse", None) is sparse_attention_forward, "local 'sparse'", "not ours")
+    contract(
+        local.get_interface(PER_LAYER_BACKEND, None) is hf_compat.per_layer_attention_forward,
+        f"local {PER_LAYER_BACKEND!r}",
+        "resolved through the global registry",
+    )
+    contract(other.get("swapformer_sparse") is not sparse_attention_forward, "monkeypatch", "had no effect")
+
+
 @pytest.mark.parametrize("attn", ["sparse", {"full_attention": "sdpa", "sliding_attention": "sparse"}])
 def test_user_facing_names_resolve_and_survive_save_and_load(attn, tmp_path):
     config = tiny_config("decoder", layer_types=["sliding_attention", "full_attention"], sliding_window=3)
