@@ -13,6 +13,7 @@ by tests/test_compile.py (parametrised over the same column); CUDA rows by tests
 
 from __future__ import annotations
 
+import importlib.util
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -240,8 +241,6 @@ def test_cuda_only_backend_is_refused_on_cpu(backend, eager_results):
     assert model.config._attn_implementation == "eager"  # nothing changed
     message = str(info.value)
     devices = " or ".join(d.upper() for d in caps.devices)
-    import importlib.util
-
     if caps.needs and importlib.util.find_spec(caps.needs) is None:
         assert message.startswith(f"attn_implementation={backend!r} needs the {caps.needs} package"), message
         assert caps.install in message
