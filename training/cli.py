@@ -182,8 +182,10 @@ def _train(ns: argparse.Namespace) -> int:
 
     import pathlib
 
+    from .checkpointing import latest_checkpoint
     from .hub import HubPushError
-    from .loop import TrainingDiverged, latest_checkpoint, train
+    from .loop import train
+    from .step import TrainingDiverged
 
     try:
         metrics = train(args)
