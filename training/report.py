@@ -69,10 +69,8 @@ def hardware() -> str:
     return f"CPU ({platform.processor() or platform.machine()}, {threads} thread{'s' if threads > 1 else ''})"
 
 
-def write_model_card(path: str, *, args: TrainArgs, model, metrics: dict, corpus_name: str, corpus_text: str):
-    """Render hub_cards/model_card.md with the run's real figures into `path` (README.md)."""
-    cfg = model.config
-    arch_text, objective, pipeline_tag, auto_class = ARCH_TEXT[args.arch]
+def hyperparameter_table(args: TrainArgs, metrics: dict) -> str:
+    """The model card's table of training hyperparameters (Markdown)."""
     hyper = {
         "steps": args.max_steps,
         "global batch (sequences)": metrics["global_batch"],
@@ -86,6 +84,13 @@ def write_model_card(path: str, *, args: TrainArgs, model, metrics: dict, corpus
         "mixed precision": args.mixed_precision,
         "seed": args.seed,
     }
+    return "\n".join(["| | |", "|---|---|", *(f"| {k} | {v} |" for k, v in hyper.items())])
+
+
+def write_model_card(path: str, *, args: TrainArgs, model, metrics: dict, corpus_name: str, corpus_text: str):
+    """Render hub_cards/model_card.md with the run's real figures into `path` (README.md)."""
+    cfg = model.config
+    arch_text, objective, pipeline_tag, auto_class = ARCH_TEXT[args.arch]
     card = render_model_card(
         model_name=f"swapformer-{args.arch}-{args.preset}",
         dataset_name=corpus_name,
@@ -127,7 +132,7 @@ def write_model_card(path: str, *, args: TrainArgs, model, metrics: dict, corpus
         vocab_size=cfg.vocab_size,
         seq_len=args.seq_len,
         dataset_description=corpus_text,
-        hyperparameters="\n".join(["| | |", "|---|---|", *(f"| {k} | {v} |" for k, v in hyper.items())]),
+        hyperparameters=hyperparameter_table(args, metrics),
         auto_class=auto_class,
         repo_hint="path/or/repo-id",
         usage=USAGE[args.arch],
@@ -212,7 +217,7 @@ def write_folder(out, args, model, weights, data: RunData, state, final_eval, ru
         model=model,
         metrics=metrics,
         corpus_name=data.corpus_name,
-        corpus_text=corpus_text(args, data),
+        corpus_text=describe_corpus(args, data),
     )
     return metrics
 
@@ -231,7 +236,7 @@ def _test_metrics(counts: torch.Tensor, data: RunData, final_eval: dict) -> dict
     }
 
 
-def corpus_text(args: TrainArgs, data: RunData) -> str:
+def describe_corpus(args: TrainArgs, data: RunData) -> str:
     """The model card's paragraph on the data: source, split, sizes, blocks."""
     source = (
         "the Python standard library that ran the training (its `.py` files, docstrings included; test "
