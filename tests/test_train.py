@@ -18,10 +18,14 @@ from transformers import AutoModelForCausalLM, AutoModelForMaskedLM, AutoModelFo
 
 from swapformer.cli import main
 from swapformer.training.args import TrainArgs, TrainArgumentError, flag
-from swapformer.training.data import BlockOrder, split_documents, stdlib_documents
+from swapformer.training.corpus import split_documents, stdlib_documents
+from swapformer.training.data import BlockOrder
 from swapformer.training.evaluation import load_metric, model_log_probs, target_counts, unigram_log_probs
-from swapformer.training.loop import TrainingDiverged, check_launch, check_run, train
+from swapformer.training.launch import check_launch
+from swapformer.training.loop import train
 from swapformer.training.objectives import SpanCorruption, make_objective
+from swapformer.training.preflight import check_run
+from swapformer.training.step import TrainingDiverged
 from swapformer.training.tokenizer import train_tokenizer
 
 from conftest import max_diff
@@ -864,7 +868,7 @@ def test_an_fsdp_launch_without_cuda_is_refused(monkeypatch, tmp_path, text_fold
 
     from accelerate.utils import DistributedType
 
-    from swapformer.training.loop import check_distributed
+    from swapformer.training.launch import check_distributed
 
     # what `accelerate launch --use_fsdp --fsdp_version 2 --multi_gpu --num_processes 2` sets in each process
     launched = dict(
