@@ -79,7 +79,8 @@ def _run(args: argparse.Namespace) -> int:
 
     from transformers.utils import logging
 
-    from .checkpoint import ConversionInterrupted, convert
+    from .atomic import ConversionInterrupted
+    from .checkpoint import convert
 
     logging.disable_progress_bar()  # the loading bars of four loads would bury the measured diffs
     try:
