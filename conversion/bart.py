@@ -6,9 +6,8 @@ from __future__ import annotations
 
 from ..configuration.configuration_swapformer import Seq2SeqConfig
 from .family import Architecture, Family, Fields, label_fields, register
-from .rules import ASIDE, Rule, prefixed, split_rows
+from .rules import ASIDE, Rule, prefixed, renames, split_rows
 
-_S = r"(encoder|decoder)\.layers\.(\d+)\."
 BASE_RULES = [
     Rule(r"shared\.weight", "shared.weight"),
     # BART's position table has two extra leading rows (its positions start at 2), set aside.
@@ -18,15 +17,14 @@ BASE_RULES = [
         split_rows(2),
     ),
     Rule(r"(encoder|decoder)\.layernorm_embedding\.(weight|bias)", r"\1.embed_norm.\2"),
-    Rule(_S + r"self_attn\.(q|k|v)_proj\.(weight|bias)", r"\1.layers.\2.self_attn.\3_proj.\4"),
-    Rule(_S + r"self_attn\.out_proj\.(weight|bias)", r"\1.layers.\2.self_attn.o_proj.\3"),
-    Rule(_S + r"self_attn_layer_norm\.(weight|bias)", r"\1.layers.\2.self_attn_norm.\3"),
-    Rule(_S + r"encoder_attn\.(q|k|v)_proj\.(weight|bias)", r"\1.layers.\2.cross_attn.\3_proj.\4"),
-    Rule(_S + r"encoder_attn\.out_proj\.(weight|bias)", r"\1.layers.\2.cross_attn.o_proj.\3"),
-    Rule(_S + r"encoder_attn_layer_norm\.(weight|bias)", r"\1.layers.\2.cross_attn_norm.\3"),
-    Rule(_S + r"fc1\.(weight|bias)", r"\1.layers.\2.mlp.up_proj.\3"),
-    Rule(_S + r"fc2\.(weight|bias)", r"\1.layers.\2.mlp.down_proj.\3"),
-    Rule(_S + r"final_layer_norm\.(weight|bias)", r"\1.layers.\2.mlp_norm.\3"),
+    *renames(
+        r"(encoder|decoder)\.layers\.(\d+)\.",
+        r"\1.layers.\2.",
+        "self_attn.q_proj self_attn.k_proj self_attn.v_proj self_attn.out_proj=self_attn.o_proj "
+        "self_attn_layer_norm=self_attn_norm encoder_attn.q_proj=cross_attn.q_proj encoder_attn.k_proj=cross_attn.k_proj "
+        "encoder_attn.v_proj=cross_attn.v_proj encoder_attn.out_proj=cross_attn.o_proj "
+        "encoder_attn_layer_norm=cross_attn_norm fc1=mlp.up_proj fc2=mlp.down_proj final_layer_norm=mlp_norm",
+    ),
 ]
 ARCHITECTURES = {
     "BartModel": Architecture("Seq2SeqModel", BASE_RULES),

@@ -8,23 +8,22 @@ from __future__ import annotations
 
 from ..configuration.configuration_swapformer import EncoderConfig
 from .family import Architecture, Family, Fields, label_fields, register
-from .rules import ASIDE, ConversionError, Rule, prefixed, split_rows
+from .rules import ASIDE, ConversionError, Rule, prefixed, renames, split_rows
 
 POOLER_RULE = Rule(r"pooler\.dense\.(weight|bias)", r"pooler.dense.\1")
 
-_L = r"encoder\.layer\.(\d+)\."
 LAYER_RULES = [
     Rule(r"embeddings\.word_embeddings\.weight", "embed_tokens.weight"),
     Rule(r"embeddings\.token_type_embeddings\.weight", "token_type_embeddings.weight"),
     Rule(r"embeddings\.LayerNorm\.(weight|bias)", r"embed_norm.\1"),
-    Rule(_L + r"attention\.self\.query\.(weight|bias)", r"layers.\1.self_attn.q_proj.\2"),
-    Rule(_L + r"attention\.self\.key\.(weight|bias)", r"layers.\1.self_attn.k_proj.\2"),
-    Rule(_L + r"attention\.self\.value\.(weight|bias)", r"layers.\1.self_attn.v_proj.\2"),
-    Rule(_L + r"attention\.output\.dense\.(weight|bias)", r"layers.\1.self_attn.o_proj.\2"),
-    Rule(_L + r"attention\.output\.LayerNorm\.(weight|bias)", r"layers.\1.self_attn_norm.\2"),
-    Rule(_L + r"intermediate\.dense\.(weight|bias)", r"layers.\1.mlp.up_proj.\2"),
-    Rule(_L + r"output\.dense\.(weight|bias)", r"layers.\1.mlp.down_proj.\2"),
-    Rule(_L + r"output\.LayerNorm\.(weight|bias)", r"layers.\1.mlp_norm.\2"),
+    *renames(
+        r"encoder\.layer\.(\d+)\.",
+        r"layers.\1.",
+        "attention.self.query=self_attn.q_proj attention.self.key=self_attn.k_proj "
+        "attention.self.value=self_attn.v_proj attention.output.dense=self_attn.o_proj "
+        "attention.output.LayerNorm=self_attn_norm intermediate.dense=mlp.up_proj output.dense=mlp.down_proj "
+        "output.LayerNorm=mlp_norm",
+    ),
 ]
 BASE_RULES = [
     *LAYER_RULES,
@@ -101,18 +100,12 @@ ENCODER_FIELDS = Fields.parse(
     "max_position_embeddings type_vocab_size initializer_range pad_token_id norm_eps=layer_norm_eps "
     "hidden_dropout=hidden_dropout_prob attention_dropout=attention_probs_dropout_prob"
 )
+# BERT's pooler belongs to the architecture (add_pooling_layer): a sequence classifier later fine-tuned
+# from any converted BERT reads it, as BertForSequenceClassification would (heads without it skip it).
 ENCODER_VALUES = dict(
-    position_embedding_type="learned",
-    norm_type="layernorm",
-    pre_norm=False,
-    embedding_norm=True,
-    attention_bias=True,
-    mlp_bias=True,
-    tie_word_embeddings=True,
-    # BERT's pooler belongs to the architecture: a sequence classifier later fine-tuned from any
-    # converted BERT reads it, as BertForSequenceClassification would (heads without it skip it)
-    add_pooling_layer=True,
-)
+    position_embedding_type="learned", norm_type="layernorm", pre_norm=False, embedding_norm=True,
+    attention_bias=True, mlp_bias=True, tie_word_embeddings=True, add_pooling_layer=True,
+)  # fmt: skip
 
 
 def encoder_config(hf, **fields) -> EncoderConfig:

@@ -12,6 +12,7 @@ by the reverse conversion.
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -81,6 +82,19 @@ class Rule:
         return Rule(re.escape(source_prefix) + self.pattern, replacement, self.transform)
 
 
+def renames(source: str, target: str, names: str, params: str = r"(weight|bias)") -> list[Rule]:
+    """One rule per module of `names` ("old=new" dotted names, or "name" kept as it is): the keys
+    `source + old + "." + params` become `target + new + "." + params`. `source` is a regex prefix
+    (with groups, e.g. the layer index) that `target` refers to as \\1, \\2, ..."""
+    last = re.compile(source).groups + 1  # the group of `params`
+    rules = []
+    for item in names.split():
+        old, _, new = item.partition("=")
+        pattern = source + re.escape(old) + r"\." + params
+        rules.append(Rule(pattern, f"{target}{new or old}.\\{last}"))
+    return rules
+
+
 def prefixed(rules: Iterable[Rule], source_prefix: str, target_prefix: str) -> list[Rule]:
     return [r.prefixed(source_prefix, target_prefix) for r in rules]
 
@@ -118,6 +132,18 @@ def split_last(parts: int, transposed: bool) -> Transform:
 
 class ConversionError(ValueError):
     """A checkpoint that cannot be converted completely; the message lists the keys."""
+
+
+def json_list(text: str, item: type, what: str, fix: str, not_a_list: str) -> list:
+    """`text` read as a JSON list of `item`s. Raises ConversionError "`what` (the parser's error); `fix`"
+    for text that is not JSON, `not_a_list` for JSON of another shape."""
+    try:
+        value = json.loads(text)
+    except ValueError as e:
+        raise ConversionError(f"{what} ({e}); {fix}") from e
+    if not isinstance(value, list) or not all(isinstance(v, item) for v in value):
+        raise ConversionError(not_a_list)
+    return value
 
 
 def key_listing(keys: Iterable[str], limit: int = 20) -> str:

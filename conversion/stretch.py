@@ -28,7 +28,7 @@ from dataclasses import dataclass
 import torch
 
 from ..configuration.configuration_swapformer import LAYER_TYPES
-from .rules import ConversionError
+from .rules import ConversionError, json_list
 
 PATTERNED = ("sliding_global_attention", "bigbird_attention")  # layer types that read global tokens
 
@@ -60,16 +60,13 @@ def parse_layer_types(text: str) -> str | list[str]:
     text = text.strip()
     if not text.startswith("["):
         return text
-    try:
-        value = json.loads(text)
-    except ValueError as e:
-        raise ValueError(
-            f"--layer-types {text} is not a valid JSON list ({e}); write one name for every layer, or a list "
-            'such as \'["sliding_global_attention", "full_attention"]\''
-        ) from e
-    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-        raise ValueError(f"--layer-types {text} must be a JSON list of layer type names")
-    return value
+    return json_list(
+        text,
+        str,
+        f"--layer-types {text} is not a valid JSON list",
+        'write one name for every layer, or a list such as \'["sliding_global_attention", "full_attention"]\'',
+        f"--layer-types {text} must be a JSON list of layer type names",
+    )
 
 
 def check_source(model_type: str | None, config=None) -> None:

@@ -59,16 +59,9 @@ FIELDS = Fields.parse(
 )
 # What every T5 is in swapformer's terms; a config without these values has no T5.
 T5_VALUES = dict(
-    position_embedding_type="relative_bias",
-    norm_type="rmsnorm",
-    pre_norm=True,
-    attention_bias=False,
-    mlp_bias=False,
-    attention_scale=1.0,
-    shared_embeddings=True,
-    embedding_norm=False,
-    scale_embeddings=False,
-)
+    position_embedding_type="relative_bias", norm_type="rmsnorm", pre_norm=True, attention_bias=False,
+    mlp_bias=False, attention_scale=1.0, shared_embeddings=True, embedding_norm=False, scale_embeddings=False,
+)  # fmt: skip
 
 
 def config_from_hf(hf) -> Seq2SeqConfig:
