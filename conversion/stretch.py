@@ -28,7 +28,9 @@ from dataclasses import dataclass
 import torch
 
 from ..configuration.configuration_swapformer import LAYER_TYPES
-from .rules import ConversionError, json_list
+from .engine import from_hf_model
+from .family import FAMILIES, family_for
+from .rules import ConversionError
 
 PATTERNED = ("sliding_global_attention", "bigbird_attention")  # layer types that read global tokens
 
@@ -55,30 +57,14 @@ class LongSettings:
         return " ".join(f"--{k.replace('_', '-')}" for k, v in vars(self).items() if v is not None)
 
 
-def parse_layer_types(text: str) -> str | list[str]:
-    """`--layer-types`: one name (for every layer) or a JSON list with one name per layer."""
-    text = text.strip()
-    if not text.startswith("["):
-        return text
-    return json_list(
-        text,
-        str,
-        f"--layer-types {text} is not a valid JSON list",
-        'write one name for every layer, or a list such as \'["sliding_global_attention", "full_attention"]\'',
-        f"--layer-types {text} must be a JSON list of layer type names",
-    )
-
-
 def check_source(model_type: str | None, config=None) -> None:
     """Refuse a source whose positions cannot be stretched, saying what to do instead (`config`: a
     swapformer encoder's, whose position type decides). A family says whether it stretches
     (`Family.stretchable`, `Family.long_refusal`)."""
-    from .family import FAMILIES
-
     family = FAMILIES.get(model_type)
     if family is not None and family.stretchable:
         return
-    stretchable = ", ".join(name for name, f in FAMILIES.items() if f.stretchable)
+    stretchable = ", ".join(sorted(name for name, f in FAMILIES.items() if f.stretchable))
     if model_type == "swapformer_encoder" and config is not None:
         if config.position_embedding_type == "learned":
             return
@@ -103,23 +89,8 @@ def _int(name: str, value, minimum: int) -> None:
         raise ConversionError(f"{_arg(name, value)} must be an integer >= {minimum}")
 
 
-def long_config_values(config, settings: LongSettings) -> dict:
-    """The swapformer config fields `settings` set on an encoder `config` (its learned table has
-    `config.max_position_embeddings` rows), checked with messages that name the flags.
-
-    Returns {max_position_embeddings, layer_types, sliding_window, global_tokens}.
-    Raises:
-        ConversionError (a ValueError): a value out of range, or settings that contradict each other.
-    """
-    source_length = config.max_position_embeddings
-    max_length = source_length if settings.max_length is None else settings.max_length
-    if settings.max_length is not None:
-        _int("max_length", settings.max_length, 1)
-        if max_length < source_length:
-            raise ConversionError(
-                f"{_arg('max_length', max_length)} is shorter than the source's {source_length} learned positions; "
-                f"pass at least {source_length} (Longformer: 4096 from 512), or leave it out to keep {source_length}"
-            )
+def _layer_types(config, settings: LongSettings) -> list[str]:
+    """The layer types `settings` ask for (one per layer), checked."""
     n = config.num_hidden_layers
     layer_types = settings.layer_types
     if layer_types is None:
@@ -139,6 +110,43 @@ def long_config_values(config, settings: LongSettings) -> dict:
                 f"{_arg('layer_types', settings.layer_types)}: {name!r} is not a layer type; choose from "
                 f"{', '.join(LAYER_TYPES)}"
             )
+    return layer_types
+
+
+def _check_global_tokens(global_tokens: int, layer_types: list[str], max_length: int) -> None:
+    """`--global-tokens` against the layers that would read them and the long model's length."""
+    _int("global_tokens", global_tokens, 0)
+    if global_tokens and not any(t in PATTERNED for t in layer_types):
+        raise ConversionError(
+            f"{_arg('global_tokens', global_tokens)} has no layer to apply to: only "
+            f"{' and '.join(PATTERNED)} layers read global tokens; pass --layer-types "
+            "sliding_global_attention (layer_types='sliding_global_attention') or drop --global-tokens"
+        )
+    if global_tokens >= max_length:
+        raise ConversionError(
+            f"{_arg('global_tokens', global_tokens)} must be smaller than the {max_length} "
+            "positions of the model (Longformer makes the first token, [CLS], global: 1)"
+        )
+
+
+def long_config_values(config, settings: LongSettings) -> dict:
+    """The swapformer config fields `settings` set on an encoder `config` (its learned table has
+    `config.max_position_embeddings` rows), checked with messages that name the flags.
+
+    Returns {max_position_embeddings, layer_types, sliding_window, global_tokens}.
+    Raises:
+        ConversionError (a ValueError): a value out of range, or settings that contradict each other.
+    """
+    source_length = config.max_position_embeddings
+    max_length = source_length if settings.max_length is None else settings.max_length
+    if settings.max_length is not None:
+        _int("max_length", settings.max_length, 1)
+        if max_length < source_length:
+            raise ConversionError(
+                f"{_arg('max_length', max_length)} is shorter than the source's {source_length} learned positions; "
+                f"pass at least {source_length} (Longformer: 4096 from 512), or leave it out to keep {source_length}"
+            )
+    layer_types = _layer_types(config, settings)
     windowed = [t for t in layer_types if t != "full_attention"]
     window = settings.window if settings.window is not None else config.sliding_window
     if settings.window is not None:
@@ -159,18 +167,7 @@ def long_config_values(config, settings: LongSettings) -> dict:
         )
     global_tokens = settings.global_tokens if settings.global_tokens is not None else config.global_tokens
     if settings.global_tokens is not None:
-        _int("global_tokens", settings.global_tokens, 0)
-        if settings.global_tokens and not any(t in PATTERNED for t in layer_types):
-            raise ConversionError(
-                f"{_arg('global_tokens', settings.global_tokens)} has no layer to apply to: only "
-                f"{' and '.join(PATTERNED)} layers read global tokens; pass --layer-types "
-                "sliding_global_attention (layer_types='sliding_global_attention') or drop --global-tokens"
-            )
-        if settings.global_tokens >= max_length:
-            raise ConversionError(
-                f"{_arg('global_tokens', settings.global_tokens)} must be smaller than the {max_length} "
-                "positions of the model (Longformer makes the first token, [CLS], global: 1)"
-            )
+        _check_global_tokens(settings.global_tokens, layer_types, max_length)
     return {
         "max_position_embeddings": max_length,
         "layer_types": layer_types,
@@ -235,8 +232,6 @@ def _load_any(path: str | os.PathLike, settings: LongSettings):
     import transformers
 
     from .. import modeling, register
-    from .engine import from_hf_model
-    from .family import family_for
 
     register()
     config = transformers.AutoConfig.from_pretrained(path)
@@ -287,8 +282,6 @@ def stretch(
         return stretch_model(model_or_path, settings)
     check_source(config.model_type, config)
     from .. import modeling
-    from .engine import from_hf_model
-    from .family import family_for
 
     target = family_for(config.model_type).architecture(type(model_or_path).__name__, config)
     converted = from_hf_model(model_or_path, getattr(modeling, target.target))
