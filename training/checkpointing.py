@@ -60,6 +60,24 @@ def restore(accelerator, checkpoint: pathlib.Path, fresh_state: dict) -> dict:
     return saved
 
 
+def save_tied_weights_once(accelerator) -> None:
+    """Checkpoints store a tied weight once, under its source name (`lm_head.weight` is
+    `embed_tokens.weight`): the copy is dropped before accelerate writes, which it otherwise does itself
+    after a warning ("Removed shared tensor ... while saving") that reads like an error. The files are the
+    same; safetensors' `load_model` restores the tie on --resume."""
+
+    def drop_tied_copies(models, weights, output_dir) -> None:
+        for model, state in zip(models, weights):
+            tied = getattr(accelerator.unwrap_model(model), "all_tied_weights_keys", None) or {}
+            prefix = "module." if any(key.startswith("module.") for key in state) else ""  # DDP
+            for copy, source in tied.items():
+                a, b = state.get(prefix + copy), state.get(prefix + source)
+                if a is not None and b is not None and a.data_ptr() == b.data_ptr():
+                    del state[prefix + copy]
+
+    accelerator.register_save_state_pre_hook(drop_tied_copies)
+
+
 def save_checkpoint(accelerator, out: pathlib.Path, state: dict, keep: int) -> pathlib.Path:
     """accelerate's state plus trainer_state.json, under checkpoints/step_N (renamed into place when
     complete, so a kill mid-save leaves the previous checkpoint the latest); keeps the `keep` newest."""

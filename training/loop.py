@@ -24,7 +24,7 @@ import time
 from dataclasses import dataclass
 
 from .args import TrainArgs
-from .checkpointing import drop_unstarted_run, new_state, restore, save_checkpoint
+from .checkpointing import drop_unstarted_run, new_state, restore, save_checkpoint, save_tied_weights_once
 from .data import RunData, fingerprint, prepare_data, step_batch
 from .evaluation import evaluate
 from .hub import push_folder
@@ -62,6 +62,7 @@ def train(args: TrainArgs, *, step_hook=None) -> dict:
     args, options, resume_from = preflight(args)
     out = pathlib.Path(args.output_dir)
     accelerator = make_accelerator(args, out)
+    save_tied_weights_once(accelerator)
     check_distributed(accelerator)
     set_seed(args.seed)
     data = prepare_data(args, accelerator, out, fresh=resume_from is None)
