@@ -266,7 +266,8 @@ def plot_pattern(
     masks = pattern_masks(config, seq_len, global_attention_mask=global_attention_mask)
     shown = min(seq_len, max_tokens)
     panels = [[(f"{lt} ({int(m.sum())} of {seq_len * seq_len} pairs)", m.float())] for lt, m in masks.items()]
-    panels = [sum(panels, [])]  # one row: the layer types side by side
+    flat = sum(panels, [])
+    panels = [flat[i : i + 2] for i in range(0, len(flat), 2)]  # two layer types per row
     title = f"{config.model_type}: {seq_len} tokens"
     return _grid(
         panels, seq_len, seq_len, max_tokens, cmap="Greys_r", title=title, tick_every=-(-shown // 16)
