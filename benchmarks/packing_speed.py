@@ -31,9 +31,10 @@ import time
 import torch
 
 from swapformer.training import data as data_mod
-from swapformer.training.args import TrainArgs, model_options
-from swapformer.training.loop import build_model, make_optimizer
+from swapformer.training.args import TrainArgs
+from swapformer.training.model import build_model, model_options
 from swapformer.training.objectives import CausalLM
+from swapformer.training.step import make_optimizer
 from swapformer.training.tokenizer import train_tokenizer
 
 

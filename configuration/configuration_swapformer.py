@@ -59,6 +59,8 @@ LAYER_TP_PLAN = {
     "layers.*.mlp.up_proj": "colwise",
     "layers.*.mlp.down_proj": "rowwise",
 }
+# Longformer's own projections of global tokens (`global_projections`), sharded by heads as q/k/v are
+GLOBAL_TP_PLAN = {f"layers.*.self_attn.{name}_global_proj": "colwise" for name in "qkv"}
 CROSS_TP_PLAN = {
     k.replace("self_attn", "cross_attn"): v for k, v in LAYER_TP_PLAN.items() if "self_attn" in k
 }
@@ -270,6 +272,14 @@ class SwapformerConfig(PreTrainedConfig):
         self._validate()
         if backend is not None and not isinstance(backend, dict):
             check_backend_name(backend)
+        if self.global_projections:
+            # Per instance: the global projections exist only with this option (transformers reads the
+            # plan from the config and never serialises it).
+            prefix = "encoder." if self.is_encoder_decoder else ""
+            self.base_model_tp_plan = {
+                **type(self).base_model_tp_plan,
+                **{prefix + rule: how for rule, how in GLOBAL_TP_PLAN.items()},
+            }
 
     # Validation ---------------------------------------------------------------------------------
 

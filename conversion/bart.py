@@ -5,10 +5,9 @@ adds BART's `final_logits_bias` buffer to its logits (`add_final_logits_bias`)."
 from __future__ import annotations
 
 from ..configuration.configuration_swapformer import Seq2SeqConfig
-from .bert import label_fields
-from .rules import ASIDE, Architecture, Rule, prefixed, split_rows
+from .family import Architecture, Family, Fields, label_fields, register
+from .rules import ASIDE, Rule, prefixed, renames, split_rows
 
-_S = r"(encoder|decoder)\.layers\.(\d+)\."
 BASE_RULES = [
     Rule(r"shared\.weight", "shared.weight"),
     # BART's position table has two extra leading rows (its positions start at 2), set aside.
@@ -18,15 +17,14 @@ BASE_RULES = [
         split_rows(2),
     ),
     Rule(r"(encoder|decoder)\.layernorm_embedding\.(weight|bias)", r"\1.embed_norm.\2"),
-    Rule(_S + r"self_attn\.(q|k|v)_proj\.(weight|bias)", r"\1.layers.\2.self_attn.\3_proj.\4"),
-    Rule(_S + r"self_attn\.out_proj\.(weight|bias)", r"\1.layers.\2.self_attn.o_proj.\3"),
-    Rule(_S + r"self_attn_layer_norm\.(weight|bias)", r"\1.layers.\2.self_attn_norm.\3"),
-    Rule(_S + r"encoder_attn\.(q|k|v)_proj\.(weight|bias)", r"\1.layers.\2.cross_attn.\3_proj.\4"),
-    Rule(_S + r"encoder_attn\.out_proj\.(weight|bias)", r"\1.layers.\2.cross_attn.o_proj.\3"),
-    Rule(_S + r"encoder_attn_layer_norm\.(weight|bias)", r"\1.layers.\2.cross_attn_norm.\3"),
-    Rule(_S + r"fc1\.(weight|bias)", r"\1.layers.\2.mlp.up_proj.\3"),
-    Rule(_S + r"fc2\.(weight|bias)", r"\1.layers.\2.mlp.down_proj.\3"),
-    Rule(_S + r"final_layer_norm\.(weight|bias)", r"\1.layers.\2.mlp_norm.\3"),
+    *renames(
+        r"(encoder|decoder)\.layers\.(\d+)\.",
+        r"\1.layers.\2.",
+        "self_attn.q_proj self_attn.k_proj self_attn.v_proj self_attn.out_proj=self_attn.o_proj "
+        "self_attn_layer_norm=self_attn_norm encoder_attn.q_proj=cross_attn.q_proj encoder_attn.k_proj=cross_attn.k_proj "
+        "encoder_attn.v_proj=cross_attn.v_proj encoder_attn.out_proj=cross_attn.o_proj "
+        "encoder_attn_layer_norm=cross_attn_norm fc1=mlp.up_proj fc2=mlp.down_proj final_layer_norm=mlp_norm",
+    ),
 ]
 ARCHITECTURES = {
     "BartModel": Architecture("Seq2SeqModel", BASE_RULES),
@@ -40,9 +38,17 @@ ARCHITECTURES = {
         {"add_final_logits_bias": True},
     ),
 }
-RULES = ARCHITECTURES["BartForConditionalGeneration"].rules + BASE_RULES
 # encoder/decoder.embed_tokens are views of `shared`.
-DROP = [r"(model\.)?(encoder|decoder)\.embed_tokens\.weight"]
+DROP = (r"(model\.)?(encoder|decoder)\.embed_tokens\.weight",)
+
+
+FIELDS = Fields.parse(
+    "vocab_size hidden_size=d_model num_hidden_layers=encoder_layers decoder_layers "
+    "num_attention_heads=encoder_attention_heads intermediate_size=encoder_ffn_dim hidden_act=activation_function "
+    "max_position_embeddings scale_embeddings=scale_embedding hidden_dropout=dropout attention_dropout "
+    "activation_dropout initializer_range=init_std tie_word_embeddings pad_token_id bos_token_id eos_token_id "
+    "decoder_start_token_id"
+)
 
 
 def config_from_hf(hf) -> Seq2SeqConfig:
@@ -52,33 +58,14 @@ def config_from_hf(hf) -> Seq2SeqConfig:
             f"encoder_attention_heads={hf.encoder_attention_heads}, decoder_attention_heads={hf.decoder_attention_heads}, "
             f"encoder_ffn_dim={hf.encoder_ffn_dim}, decoder_ffn_dim={hf.decoder_ffn_dim}"
         )
+    values = dict(position_embedding_type="learned", norm_type="layernorm", norm_eps=1e-5, pre_norm=False)
     return Seq2SeqConfig(
-        vocab_size=hf.vocab_size,
-        hidden_size=hf.d_model,
-        num_hidden_layers=hf.encoder_layers,
-        decoder_layers=hf.decoder_layers,
-        num_attention_heads=hf.encoder_attention_heads,
-        intermediate_size=hf.encoder_ffn_dim,
-        hidden_act=hf.activation_function,
-        max_position_embeddings=hf.max_position_embeddings,
-        position_embedding_type="learned",
-        norm_type="layernorm",
-        norm_eps=1e-5,
-        pre_norm=False,
+        **FIELDS.from_hf(hf),
+        **values,
         embedding_norm=True,
-        scale_embeddings=hf.scale_embedding,
         attention_bias=True,
         mlp_bias=True,
-        hidden_dropout=hf.dropout,
-        attention_dropout=hf.attention_dropout,
-        activation_dropout=hf.activation_dropout,
-        initializer_range=hf.init_std,
         shared_embeddings=True,
-        tie_word_embeddings=hf.tie_word_embeddings,
-        pad_token_id=hf.pad_token_id,
-        bos_token_id=hf.bos_token_id,
-        eos_token_id=hf.eos_token_id,
-        decoder_start_token_id=hf.decoder_start_token_id,
         **label_fields(hf),
     )
 
@@ -86,26 +73,14 @@ def config_from_hf(hf) -> Seq2SeqConfig:
 def config_to_hf(cfg: Seq2SeqConfig):
     from transformers import BartConfig
 
-    return BartConfig(
-        vocab_size=cfg.vocab_size,
-        d_model=cfg.hidden_size,
-        encoder_layers=cfg.num_hidden_layers,
-        decoder_layers=cfg.decoder_layers,
-        encoder_attention_heads=cfg.num_attention_heads,
-        decoder_attention_heads=cfg.num_attention_heads,
-        encoder_ffn_dim=cfg.intermediate_size,
-        decoder_ffn_dim=cfg.intermediate_size,
-        activation_function=cfg.hidden_act,
-        max_position_embeddings=cfg.max_position_embeddings,
-        scale_embedding=cfg.scale_embeddings,
-        dropout=cfg.hidden_dropout,
-        attention_dropout=cfg.attention_dropout,
-        activation_dropout=cfg.activation_dropout,
-        init_std=cfg.initializer_range,
-        tie_word_embeddings=cfg.tie_word_embeddings,
-        pad_token_id=cfg.pad_token_id,
-        bos_token_id=cfg.bos_token_id,
-        eos_token_id=cfg.eos_token_id,
-        decoder_start_token_id=cfg.decoder_start_token_id,
-        **label_fields(cfg),
-    )
+    decoder = {"decoder_attention_heads": cfg.num_attention_heads, "decoder_ffn_dim": cfg.intermediate_size}
+    return BartConfig(**FIELDS.to_hf(cfg), **decoder, **label_fields(cfg))
+
+
+LONG_REFUSAL = (
+    "bart is an encoder-decoder; copying its position tables (as LED did) is not implemented, only "
+    "encoders (bert, roberta) stretch"
+)
+FAMILY = register(
+    Family("bart", ARCHITECTURES, config_from_hf, config_to_hf, drop=DROP, long_refusal=LONG_REFUSAL)
+)

@@ -7,23 +7,23 @@ names for its heads."""
 from __future__ import annotations
 
 from ..configuration.configuration_swapformer import EncoderConfig
-from .rules import ASIDE, Architecture, ConversionError, Rule, prefixed, split_rows
+from .family import Architecture, Family, Fields, label_fields, register
+from .rules import ASIDE, ConversionError, Rule, prefixed, renames, split_rows
 
 POOLER_RULE = Rule(r"pooler\.dense\.(weight|bias)", r"pooler.dense.\1")
 
-_L = r"encoder\.layer\.(\d+)\."
 LAYER_RULES = [
     Rule(r"embeddings\.word_embeddings\.weight", "embed_tokens.weight"),
     Rule(r"embeddings\.token_type_embeddings\.weight", "token_type_embeddings.weight"),
     Rule(r"embeddings\.LayerNorm\.(weight|bias)", r"embed_norm.\1"),
-    Rule(_L + r"attention\.self\.query\.(weight|bias)", r"layers.\1.self_attn.q_proj.\2"),
-    Rule(_L + r"attention\.self\.key\.(weight|bias)", r"layers.\1.self_attn.k_proj.\2"),
-    Rule(_L + r"attention\.self\.value\.(weight|bias)", r"layers.\1.self_attn.v_proj.\2"),
-    Rule(_L + r"attention\.output\.dense\.(weight|bias)", r"layers.\1.self_attn.o_proj.\2"),
-    Rule(_L + r"attention\.output\.LayerNorm\.(weight|bias)", r"layers.\1.self_attn_norm.\2"),
-    Rule(_L + r"intermediate\.dense\.(weight|bias)", r"layers.\1.mlp.up_proj.\2"),
-    Rule(_L + r"output\.dense\.(weight|bias)", r"layers.\1.mlp.down_proj.\2"),
-    Rule(_L + r"output\.LayerNorm\.(weight|bias)", r"layers.\1.mlp_norm.\2"),
+    *renames(
+        r"encoder\.layer\.(\d+)\.",
+        r"layers.\1.",
+        "attention.self.query=self_attn.q_proj attention.self.key=self_attn.k_proj "
+        "attention.self.value=self_attn.v_proj attention.output.dense=self_attn.o_proj "
+        "attention.output.LayerNorm=self_attn_norm intermediate.dense=mlp.up_proj output.dense=mlp.down_proj "
+        "output.LayerNorm=mlp_norm",
+    ),
 ]
 BASE_RULES = [
     *LAYER_RULES,
@@ -90,44 +90,33 @@ ARCHITECTURES = {
 }
 RULES = ARCHITECTURES["BertModel"].rules
 # Buffers transformers rebuilds.
-DROP = [r"(bert\.)?embeddings\.position_ids", r"(bert\.)?embeddings\.token_type_ids"]
+DROP = (r"(bert\.)?embeddings\.position_ids", r"(bert\.)?embeddings\.token_type_ids")
+
+
+# What BERT-like configs (BERT, RoBERTa, Longformer, BigBird) carry as it is, and what a BERT-like
+# encoder always is in swapformer's terms.
+ENCODER_FIELDS = Fields.parse(
+    "vocab_size hidden_size num_hidden_layers num_attention_heads intermediate_size hidden_act "
+    "max_position_embeddings type_vocab_size initializer_range pad_token_id norm_eps=layer_norm_eps "
+    "hidden_dropout=hidden_dropout_prob attention_dropout=attention_probs_dropout_prob"
+)
+# BERT's pooler belongs to the architecture (add_pooling_layer): a sequence classifier later fine-tuned
+# from any converted BERT reads it, as BertForSequenceClassification would (heads without it skip it).
+ENCODER_VALUES = dict(
+    position_embedding_type="learned", norm_type="layernorm", pre_norm=False, embedding_norm=True,
+    attention_bias=True, mlp_bias=True, tie_word_embeddings=True, add_pooling_layer=True,
+)  # fmt: skip
 
 
 def encoder_config(hf, **fields) -> EncoderConfig:
     """The swapformer config of a BERT-like HF config (`fields` override)."""
-    values = dict(
-        vocab_size=hf.vocab_size,
-        hidden_size=hf.hidden_size,
-        num_hidden_layers=hf.num_hidden_layers,
-        num_attention_heads=hf.num_attention_heads,
-        intermediate_size=hf.intermediate_size,
-        hidden_act=hf.hidden_act,
-        max_position_embeddings=hf.max_position_embeddings,
-        type_vocab_size=hf.type_vocab_size,
-        position_embedding_type="learned",
-        norm_type="layernorm",
-        norm_eps=hf.layer_norm_eps,
-        pre_norm=False,
-        embedding_norm=True,
-        attention_bias=True,
-        mlp_bias=True,
-        hidden_dropout=hf.hidden_dropout_prob,
-        attention_dropout=hf.attention_probs_dropout_prob,
-        classifier_dropout=getattr(hf, "classifier_dropout", None),  # Longformer has none
-        initializer_range=hf.initializer_range,
-        pad_token_id=hf.pad_token_id,
-        tie_word_embeddings=True,
-        # BERT's pooler belongs to the architecture: a sequence classifier later fine-tuned from any
-        # converted BERT reads it, as BertForSequenceClassification would (heads without it skip it)
-        add_pooling_layer=True,
-    )
-    values.update(fields)
+    values = {
+        **ENCODER_FIELDS.from_hf(hf),
+        **ENCODER_VALUES,
+        "classifier_dropout": getattr(hf, "classifier_dropout", None),  # Longformer has none
+        **fields,
+    }
     return EncoderConfig(**values, **label_fields(hf))
-
-
-def label_fields(hf) -> dict:
-    """What classification heads read from a config: labels and problem type."""
-    return {"id2label": dict(hf.id2label), "label2id": dict(hf.label2id), "problem_type": hf.problem_type}
 
 
 def hf_encoder_fields(cfg: EncoderConfig, embedding_dropout_first: bool = False) -> dict:
@@ -139,23 +128,7 @@ def hf_encoder_fields(cfg: EncoderConfig, embedding_dropout_first: bool = False)
             f"{'before' if embedding_dropout_first else 'after'} their LayerNorm (the model would train differently); "
             f"set embedding_dropout_first={embedding_dropout_first}"
         )
-    return dict(
-        vocab_size=cfg.vocab_size,
-        hidden_size=cfg.hidden_size,
-        num_hidden_layers=cfg.num_hidden_layers,
-        num_attention_heads=cfg.num_attention_heads,
-        intermediate_size=cfg.intermediate_size,
-        hidden_act=cfg.hidden_act,
-        max_position_embeddings=cfg.max_position_embeddings,
-        type_vocab_size=cfg.type_vocab_size,
-        layer_norm_eps=cfg.norm_eps,
-        hidden_dropout_prob=cfg.hidden_dropout,
-        attention_probs_dropout_prob=cfg.attention_dropout,
-        classifier_dropout=cfg.classifier_dropout,
-        initializer_range=cfg.initializer_range,
-        pad_token_id=cfg.pad_token_id,
-        **label_fields(cfg),
-    )
+    return {**ENCODER_FIELDS.to_hf(cfg), "classifier_dropout": cfg.classifier_dropout, **label_fields(cfg)}
 
 
 def check_encoder(hf) -> None:
@@ -180,3 +153,6 @@ def config_to_hf(cfg: EncoderConfig):
     from transformers import BertConfig
 
     return BertConfig(**hf_encoder_fields(cfg))
+
+
+FAMILY = register(Family("bert", ARCHITECTURES, config_from_hf, config_to_hf, drop=DROP, stretchable=True))

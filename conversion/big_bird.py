@@ -25,6 +25,7 @@ import dataclasses
 
 from ..configuration.configuration_swapformer import EncoderConfig
 from .bert import LAYER_RULES, MLM_RULES, check_encoder, encoder_config, encoder_heads, hf_encoder_fields
+from .family import Family, register
 from .rules import ASIDE, ConversionError, Rule
 
 BASE_RULES = [
@@ -48,7 +49,7 @@ ARCHITECTURES = {
         for s in ("ForMaskedLM", "ForTokenClassification")
     },
 }
-DROP = [r"(bert\.)?embeddings\.position_ids", r"(bert\.)?embeddings\.token_type_ids"]
+DROP = (r"(bert\.)?embeddings\.position_ids", r"(bert\.)?embeddings\.token_type_ids")
 
 
 def check_big_bird(hf) -> None:
@@ -93,3 +94,6 @@ def config_to_hf(cfg: EncoderConfig):
         rescale_embeddings=cfg.scale_embeddings,
         use_bias=True,
     )
+
+
+FAMILY = register(Family("big_bird", ARCHITECTURES, config_from_hf, config_to_hf, drop=DROP))

@@ -7,10 +7,20 @@ import argparse
 
 
 def parse_layer_types(text: str):
-    from .stretch import parse_layer_types
+    """`--layer-types`: one name (for every layer) or a JSON list with one name per layer."""
+    from .rules import json_list
 
+    text = text.strip()
+    if not text.startswith("["):
+        return text
     try:
-        return parse_layer_types(text)
+        return json_list(
+            text,
+            str,
+            f"--layer-types {text} is not a valid JSON list",
+            'write one name for every layer, or a list such as \'["sliding_global_attention", "full_attention"]\'',
+            f"--layer-types {text} must be a JSON list of layer type names",
+        )
     except ValueError as e:  # argparse reports ArgumentTypeError messages as one usage line, exit code 2
         raise argparse.ArgumentTypeError(str(e)) from e
 
@@ -79,7 +89,8 @@ def _run(args: argparse.Namespace) -> int:
 
     from transformers.utils import logging
 
-    from .checkpoint import ConversionInterrupted, convert
+    from .atomic import ConversionInterrupted
+    from .checkpoint import convert
 
     logging.disable_progress_bar()  # the loading bars of four loads would bury the measured diffs
     try:

@@ -5,8 +5,9 @@ is split into q, k and v."""
 from __future__ import annotations
 
 from ..configuration.configuration_swapformer import DecoderConfig
-from .bert import label_fields
-from .rules import Architecture, Rule, prefixed, split_last, transpose
+from .family import Family, Fields, label_fields, register
+from .llama import decoder_architectures
+from .rules import Rule, split_last, transpose
 
 _L = r"h\.(\d+)\."
 BASE_RULES = [
@@ -41,18 +42,16 @@ BASE_RULES = [
     Rule(r"ln_f\.(weight|bias)", r"norm.\1"),
 ]
 # The heads keep the base model under `transformer.`; ours under `model.`.
-_NESTED = prefixed(BASE_RULES, "transformer.", "model.")
-ARCHITECTURES = {
-    "GPT2Model": Architecture("DecoderModel", BASE_RULES),
-    "GPT2LMHeadModel": Architecture(
-        "DecoderForCausalLM", _NESTED + [Rule(r"lm_head\.weight", "lm_head.weight")]
-    ),
-    "GPT2ForSequenceClassification": Architecture(
-        "DecoderForSequenceClassification", _NESTED + [Rule(r"score\.weight", "score.weight")]
-    ),
-}
-RULES = ARCHITECTURES["GPT2LMHeadModel"].rules + BASE_RULES
-DROP = [r"(transformer\.)?h\.\d+\.attn\.(masked_)?bias"]
+ARCHITECTURES = decoder_architectures("GPT2", BASE_RULES, "transformer.", causal_lm="LMHeadModel")
+DROP = (r"(transformer\.)?h\.\d+\.attn\.(masked_)?bias",)
+
+
+FIELDS = Fields.parse(
+    "vocab_size hidden_size=n_embd num_hidden_layers=n_layer num_attention_heads=n_head intermediate_size=n_inner "
+    "hidden_act=activation_function max_position_embeddings=n_positions norm_eps=layer_norm_epsilon "
+    "hidden_dropout=resid_pdrop attention_dropout=attn_pdrop initializer_range tie_word_embeddings"
+)
+TOKENS = ("bos_token_id", "eos_token_id", "pad_token_id")
 
 
 def config_from_hf(hf) -> DecoderConfig:
@@ -66,28 +65,15 @@ def config_from_hf(hf) -> DecoderConfig:
             f"GPT-2 options swapformer does not implement: {[k for k, v in unsupported.items() if v]}"
         )
     in_vocab = lambda t: t if t is not None and 0 <= t < hf.vocab_size else None  # noqa: E731
+    values = {**FIELDS.from_hf(hf), **{name: in_vocab(getattr(hf, name)) for name in TOKENS}}
+    values.update(intermediate_size=hf.n_inner or 4 * hf.n_embd, embedding_dropout=hf.embd_pdrop)
     return DecoderConfig(
-        vocab_size=hf.vocab_size,
-        hidden_size=hf.n_embd,
-        num_hidden_layers=hf.n_layer,
-        num_attention_heads=hf.n_head,
-        intermediate_size=hf.n_inner or 4 * hf.n_embd,
-        hidden_act=hf.activation_function,
-        max_position_embeddings=hf.n_positions,
+        **values,
         position_embedding_type="learned",
         norm_type="layernorm",
-        norm_eps=hf.layer_norm_epsilon,
         pre_norm=True,
         attention_bias=True,
         mlp_bias=True,
-        hidden_dropout=hf.resid_pdrop,
-        embedding_dropout=hf.embd_pdrop,
-        attention_dropout=hf.attn_pdrop,
-        initializer_range=hf.initializer_range,
-        tie_word_embeddings=hf.tie_word_embeddings,
-        bos_token_id=in_vocab(hf.bos_token_id),
-        eos_token_id=in_vocab(hf.eos_token_id),
-        pad_token_id=in_vocab(hf.pad_token_id),
         **label_fields(hf),
     )
 
@@ -95,22 +81,15 @@ def config_from_hf(hf) -> DecoderConfig:
 def config_to_hf(cfg: DecoderConfig):
     from transformers import GPT2Config
 
-    return GPT2Config(
-        vocab_size=cfg.vocab_size,
-        n_embd=cfg.hidden_size,
-        n_layer=cfg.num_hidden_layers,
-        n_head=cfg.num_attention_heads,
-        n_inner=cfg.intermediate_size,
-        activation_function=cfg.hidden_act,
-        n_positions=cfg.max_position_embeddings,
-        layer_norm_epsilon=cfg.norm_eps,
-        resid_pdrop=cfg.hidden_dropout,
-        embd_pdrop=cfg.hidden_dropout if cfg.embedding_dropout is None else cfg.embedding_dropout,
-        attn_pdrop=cfg.attention_dropout,
-        initializer_range=cfg.initializer_range,
-        tie_word_embeddings=cfg.tie_word_embeddings,
-        bos_token_id=cfg.bos_token_id,
-        eos_token_id=cfg.eos_token_id,
-        pad_token_id=cfg.pad_token_id,
-        **label_fields(cfg),
-    )
+    embedding_dropout = cfg.hidden_dropout if cfg.embedding_dropout is None else cfg.embedding_dropout
+    tokens = {name: getattr(cfg, name) for name in TOKENS}
+    return GPT2Config(**FIELDS.to_hf(cfg), **tokens, embd_pdrop=embedding_dropout, **label_fields(cfg))
+
+
+LONG_REFUSAL = (
+    "gpt2 is a causal decoder: copying its learned position table (Longformer's recipe, made for "
+    "bidirectional encoders) gives it positions it never learned to continue from"
+)
+FAMILY = register(
+    Family("gpt2", ARCHITECTURES, config_from_hf, config_to_hf, drop=DROP, long_refusal=LONG_REFUSAL)
+)

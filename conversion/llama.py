@@ -5,8 +5,8 @@ HF-standard. Mistral (mistral.py) is the same with a sliding window."""
 from __future__ import annotations
 
 from ..configuration.configuration_swapformer import ROPE_TYPES, DecoderConfig
-from .bert import label_fields
-from .rules import Architecture, Rule, prefixed
+from .family import Architecture, Family, Fields, label_fields, register
+from .rules import Rule, prefixed
 
 _L = r"layers\.(\d+)\."
 BASE_RULES = [
@@ -19,12 +19,15 @@ BASE_RULES = [
 ]
 
 
-def decoder_architectures(prefix: str) -> dict[str, Architecture]:
-    """`{prefix}Model`, `{prefix}ForCausalLM`, `{prefix}ForSequenceClassification`."""
-    nested = prefixed(BASE_RULES, "model.", "model.")
+def decoder_architectures(
+    prefix: str, base_rules: list[Rule] = BASE_RULES, nest: str = "model.", causal_lm: str = "ForCausalLM"
+) -> dict[str, Architecture]:
+    """`{prefix}Model`, `{prefix}{causal_lm}`, `{prefix}ForSequenceClassification`, whose heads keep
+    the base model under `nest` (swapformer's under `model.`)."""
+    nested = prefixed(base_rules, nest, "model.")
     return {
-        f"{prefix}Model": Architecture("DecoderModel", BASE_RULES),
-        f"{prefix}ForCausalLM": Architecture(
+        f"{prefix}Model": Architecture("DecoderModel", base_rules),
+        f"{prefix}{causal_lm}": Architecture(
             "DecoderForCausalLM", nested + [Rule(r"lm_head\.weight", "lm_head.weight")]
         ),
         f"{prefix}ForSequenceClassification": Architecture(
@@ -34,8 +37,15 @@ def decoder_architectures(prefix: str) -> dict[str, Architecture]:
 
 
 ARCHITECTURES = decoder_architectures("Llama")
-RULES = ARCHITECTURES["LlamaForCausalLM"].rules + BASE_RULES
-DROP = [r"(model\.)?rotary_emb\.(inv_freq|original_inv_freq)"]
+DROP = (r"(model\.)?rotary_emb\.(inv_freq|original_inv_freq)",)
+
+
+# What Llama-like configs (Llama, Mistral) carry as it is.
+DECODER_FIELDS = Fields.parse(
+    "vocab_size hidden_size num_hidden_layers num_attention_heads num_key_value_heads head_dim "
+    "intermediate_size hidden_act max_position_embeddings norm_eps=rms_norm_eps initializer_range "
+    "tie_word_embeddings pad_token_id bos_token_id eos_token_id"
+)
 
 
 def decoder_config(hf, **fields) -> DecoderConfig:
@@ -47,58 +57,38 @@ def decoder_config(hf, **fields) -> DecoderConfig:
             f"{hf.model_type} rope_type={rope['rope_type']!r} cannot be converted; swapformer computes "
             f"{', '.join(map(repr, ROPE_TYPES))}"
         )
-    values = dict(
-        vocab_size=hf.vocab_size,
-        hidden_size=hf.hidden_size,
-        num_hidden_layers=hf.num_hidden_layers,
-        num_attention_heads=hf.num_attention_heads,
-        num_key_value_heads=hf.num_key_value_heads,
-        head_dim=hf.head_dim,
-        intermediate_size=hf.intermediate_size,
-        hidden_act=hf.hidden_act,
-        mlp_type="gated",
-        max_position_embeddings=hf.max_position_embeddings,
-        position_embedding_type="rope",
-        rope_parameters=rope,
-        norm_type="rmsnorm",
-        norm_eps=hf.rms_norm_eps,
-        pre_norm=True,
-        embedding_norm=False,
-        attention_bias=getattr(hf, "attention_bias", False),
-        mlp_bias=getattr(hf, "mlp_bias", False),
-        hidden_dropout=0.0,
-        attention_dropout=float(hf.attention_dropout),
-        initializer_range=hf.initializer_range,
-        tie_word_embeddings=hf.tie_word_embeddings,
-        pad_token_id=hf.pad_token_id,
-        bos_token_id=hf.bos_token_id,
-        eos_token_id=hf.eos_token_id,
-    )
-    values.update(fields)
+    values = {
+        **DECODER_FIELDS.from_hf(hf),
+        **dict(mlp_type="gated", position_embedding_type="rope", norm_type="rmsnorm", pre_norm=True),
+        "rope_parameters": rope,
+        "embedding_norm": False,
+        "attention_bias": getattr(hf, "attention_bias", False),
+        "mlp_bias": getattr(hf, "mlp_bias", False),
+        "hidden_dropout": 0.0,
+        "attention_dropout": float(hf.attention_dropout),
+        **fields,
+    }
     return DecoderConfig(**values, **label_fields(hf))
 
 
 def hf_decoder_fields(cfg: DecoderConfig) -> dict:
     """The Llama-like HF config fields of a swapformer decoder config."""
-    return dict(
-        vocab_size=cfg.vocab_size,
-        hidden_size=cfg.hidden_size,
-        num_hidden_layers=cfg.num_hidden_layers,
-        num_attention_heads=cfg.num_attention_heads,
-        num_key_value_heads=cfg.num_key_value_heads,
-        head_dim=cfg.head_dim,
-        intermediate_size=cfg.intermediate_size,
-        hidden_act=cfg.hidden_act,
-        max_position_embeddings=cfg.max_position_embeddings,
-        rope_parameters=dict(cfg.rope_parameters),
-        rms_norm_eps=cfg.norm_eps,
-        attention_dropout=cfg.attention_dropout,
-        initializer_range=cfg.initializer_range,
-        tie_word_embeddings=cfg.tie_word_embeddings,
-        pad_token_id=cfg.pad_token_id,
-        bos_token_id=cfg.bos_token_id,
-        eos_token_id=cfg.eos_token_id,
+    rope = dict(cfg.rope_parameters)
+    return {
+        **DECODER_FIELDS.to_hf(cfg),
+        "rope_parameters": rope,
+        "attention_dropout": cfg.attention_dropout,
         **label_fields(cfg),
+    }
+
+
+def rope_refusal(name: str) -> str:
+    """Why `stretch` refuses a RoPE family, and what extends its context instead."""
+    return (
+        f"{name} has RoPE positions and no position table to copy; to extend its context, convert without these "
+        "flags and load the converted folder with RoPE scaling, e.g. from_pretrained(out, rope_parameters="
+        "{'rope_type': 'yarn', 'factor': 4.0, 'original_max_position_embeddings': N, 'rope_theta': the source's}, "
+        "max_position_embeddings=4 * N)"
     )
 
 
@@ -110,3 +100,10 @@ def config_to_hf(cfg: DecoderConfig):
     from transformers import LlamaConfig
 
     return LlamaConfig(**hf_decoder_fields(cfg), attention_bias=cfg.attention_bias, mlp_bias=cfg.mlp_bias)
+
+
+FAMILY = register(
+    Family(
+        "llama", ARCHITECTURES, config_from_hf, config_to_hf, drop=DROP, long_refusal=rope_refusal("llama")
+    )
+)

@@ -35,7 +35,8 @@ import torch
 from ..configuration.configuration_swapformer import EncoderConfig
 from .bert import LAYER_RULES, POOLER_RULE, check_encoder, encoder_config, encoder_heads, hf_encoder_fields
 from .bert import positions_from_row as _positions_from_row
-from .roberta import CLASSIFIER_RULES, MLM_RULES, lm_head_check
+from .family import register
+from .roberta import CLASSIFIER_RULES, MLM_RULES, lm_head_check, offset_family, position_offset
 from .rules import ConversionError, Rule
 
 _S = r"encoder\.layer\.(\d+)\.attention\.self\."
@@ -75,12 +76,7 @@ def architectures(offset: int):
     }
 
 
-ARCHITECTURES = architectures(2)  # padding_idx=1, the usual
-DROP = [r"(longformer\.)?embeddings\.position_ids", r"(longformer\.)?embeddings\.token_type_ids"]
-
-
-def position_offset(hf) -> int:
-    return hf.pad_token_id + 1
+DROP = (r"(longformer\.)?embeddings\.position_ids", r"(longformer\.)?embeddings\.token_type_ids")
 
 
 def window_of(hf) -> int:
@@ -151,10 +147,6 @@ def config_to_hf(cfg: EncoderConfig):
     return LongformerConfig(**fields, attention_window=2 * (cfg.sliding_window - 1))
 
 
-# Verification runs on sliding_window + 8 tokens, so the window is cut (longformer-base: 265 tokens).
-VERIFY_WINDOW_LIMIT = 4096
-
-
 def verification_inputs(config, inputs: dict) -> dict:
     """`swapformer convert` checks Longformer with global tokens in play: the first token of every row
     and one in the middle are marked global (both sides read `global_attention_mask`)."""
@@ -163,3 +155,18 @@ def verification_inputs(config, inputs: dict) -> dict:
     marks[:, 0] = 1
     marks[:, ids.shape[1] // 3] = 1
     return {**inputs, "global_attention_mask": marks}
+
+
+# Verification runs on sliding_window + 8 tokens, so the window is cut (longformer-base: 265 tokens).
+FAMILY = register(
+    offset_family(
+        "longformer",
+        architectures,
+        config_from_hf,
+        config_to_hf,
+        DROP,
+        verify_window_limit=4096,
+        verification_inputs=verification_inputs,
+    )
+)
+ARCHITECTURES = FAMILY.architectures  # padding_idx=1, the usual

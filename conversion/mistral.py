@@ -9,11 +9,11 @@ swapformer's `sliding_attention` with the same `sliding_window`. `sliding_window
 from __future__ import annotations
 
 from ..configuration.configuration_swapformer import DecoderConfig
-from .llama import BASE_RULES, DROP, decoder_architectures, decoder_config, hf_decoder_fields
+from .family import Family, register
+from .llama import DROP, decoder_architectures, decoder_config, hf_decoder_fields, rope_refusal
 
 ARCHITECTURES = decoder_architectures("Mistral")
-RULES = ARCHITECTURES["MistralForCausalLM"].rules + BASE_RULES
-__all__ = ["ARCHITECTURES", "DROP", "RULES", "config_from_hf", "config_to_hf"]
+__all__ = ["ARCHITECTURES", "DROP", "FAMILY", "config_from_hf", "config_to_hf"]
 
 
 def config_from_hf(hf) -> DecoderConfig:
@@ -45,3 +45,15 @@ def config_to_hf(cfg: DecoderConfig):
         )
     window = cfg.sliding_window if kinds == {"sliding_attention"} else None
     return MistralConfig(**hf_decoder_fields(cfg), sliding_window=window)
+
+
+FAMILY = register(
+    Family(
+        "mistral",
+        ARCHITECTURES,
+        config_from_hf,
+        config_to_hf,
+        drop=DROP,
+        long_refusal=rope_refusal("mistral"),
+    )
+)

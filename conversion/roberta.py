@@ -21,6 +21,7 @@ from .bert import (
     hf_encoder_fields,
     positions_from_row,
 )
+from .family import Family, register
 from .rules import ConversionError, Rule
 
 
@@ -69,8 +70,7 @@ def architectures(offset: int):
     }
 
 
-ARCHITECTURES = architectures(2)  # padding_idx=1, the usual
-DROP = [r"(roberta\.)?embeddings\.position_ids", r"(roberta\.)?embeddings\.token_type_ids"]
+DROP = (r"(roberta\.)?embeddings\.position_ids", r"(roberta\.)?embeddings\.token_type_ids")
 
 
 def position_offset(hf) -> int:
@@ -94,3 +94,16 @@ def config_to_hf(cfg: EncoderConfig):
     fields = hf_encoder_fields(cfg)
     fields["max_position_embeddings"] += cfg.pad_token_id + 1
     return RobertaConfig(**fields)
+
+
+def offset_family(model_type: str, architectures, config_from_hf, config_to_hf, drop, **fields) -> Family:
+    """The Family of a RoBERTa-like model, whose `architectures(offset)` depend on where its
+    position table starts (pad_token_id + 1)."""
+    classes = lambda hf: architectures(position_offset(hf))  # noqa: E731
+    return Family(model_type, architectures(2), config_from_hf, config_to_hf, drop, classes, **fields)
+
+
+FAMILY = register(
+    offset_family("roberta", architectures, config_from_hf, config_to_hf, DROP, stretchable=True)
+)
+ARCHITECTURES = FAMILY.architectures  # padding_idx=1, the usual

@@ -1,11 +1,9 @@
-"""Checkpoint conversion as data: rename rules with optional tensor transforms, applied strictly.
+"""The vocabulary of key maps: rename rules with optional tensor transforms (each with an exact
+inverse), and the errors conversion raises.
 
-A family module (bert.py, llama.py, bart.py, ...) lists `Rule`s from source keys to swapformer keys,
-the source keys it drops on purpose (`DROP`, only buffers transformers rebuilds), and functions between
-the source config and a swapformer config. `convert_state_dict` applies one family and refuses to
-return anything when a source key is left unmapped, a target key is missing, or a target key is
-produced twice, listing the keys. `invert_state_dict` runs the same rules backwards (every transform
-has an exact inverse), so a converted checkpoint goes back bit for bit.
+A family file (bert.py, llama.py, bart.py, ...) lists `Rule`s from source keys to swapformer keys per
+source class (family.py's `Architecture`); engine.py applies them strictly in both directions, so a
+converted checkpoint goes back bit for bit.
 
 Source tensors the swapformer model has no use for (the offset rows of BART's and RoBERTa's position
 tables) are renamed to `ASIDE + name`: kept beside the model, never silently dropped, and given back
@@ -14,9 +12,10 @@ by the reverse conversion.
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
@@ -83,6 +82,19 @@ class Rule:
         return Rule(re.escape(source_prefix) + self.pattern, replacement, self.transform)
 
 
+def renames(source: str, target: str, names: str, params: str = r"(weight|bias)") -> list[Rule]:
+    """One rule per module of `names` ("old=new" dotted names, or "name" kept as it is): the keys
+    `source + old + "." + params` become `target + new + "." + params`. `source` is a regex prefix
+    (with groups, e.g. the layer index) that `target` refers to as \\1, \\2, ..."""
+    last = re.compile(source).groups + 1  # the group of `params`
+    rules = []
+    for item in names.split():
+        old, _, new = item.partition("=")
+        pattern = source + re.escape(old) + r"\." + params
+        rules.append(Rule(pattern, f"{target}{new or old}.\\{last}"))
+    return rules
+
+
 def prefixed(rules: Iterable[Rule], source_prefix: str, target_prefix: str) -> list[Rule]:
     return [r.prefixed(source_prefix, target_prefix) for r in rules]
 
@@ -118,22 +130,20 @@ def split_last(parts: int, transposed: bool) -> Transform:
     return Transform(f"split_last({parts})", forward, inverse)
 
 
-@dataclass(frozen=True)
-class Architecture:
-    """One source model class of a family: the swapformer class it becomes, the rules of its keys,
-    and the swapformer config values the class implies (RoBERTa's base model has a pooler, its
-    classifier does not); the reverse conversion picks the class whose values the config has."""
-
-    target: str
-    rules: list[Rule]
-    config: dict = field(default_factory=dict)
-    # Called with the transformers config, both ways; raises ConversionError naming a tensor that
-    # cannot carry the same function into the other class, and why.
-    check: Callable | None = None
-
-
 class ConversionError(ValueError):
     """A checkpoint that cannot be converted completely; the message lists the keys."""
+
+
+def json_list(text: str, item: type, what: str, fix: str, not_a_list: str) -> list:
+    """`text` read as a JSON list of `item`s. Raises ConversionError "`what` (the parser's error); `fix`"
+    for text that is not JSON, `not_a_list` for JSON of another shape."""
+    try:
+        value = json.loads(text)
+    except ValueError as e:
+        raise ConversionError(f"{what} ({e}); {fix}") from e
+    if not isinstance(value, list) or not all(isinstance(v, item) for v in value):
+        raise ConversionError(not_a_list)
+    return value
 
 
 def key_listing(keys: Iterable[str], limit: int = 20) -> str:
@@ -142,128 +152,10 @@ def key_listing(keys: Iterable[str], limit: int = 20) -> str:
     return shown + (f", ... ({len(keys) - limit} more)" if len(keys) > limit else "")
 
 
-def convert_state_dict(
-    state_dict: dict[str, torch.Tensor],
-    rules: Iterable[Rule],
-    *,
-    expected_keys: Iterable[str],
-    drop: Iterable[str] = (),
-) -> dict[str, torch.Tensor]:
-    """Rename `state_dict` by `rules`; exactly `expected_keys` must come out.
-
-    Args:
-        rules: tried in order; the first that matches a key wins.
-        expected_keys: the keys the target model needs (its state dict minus tied copies); keys
-            starting with `ASIDE` come out as well, for the caller to keep beside the model.
-        drop: full-match regexes of source keys intentionally not carried over.
-    Raises:
-        ConversionError: naming unmapped source keys, missing or duplicated target keys.
-    """
-    rules, drop = list(rules), [re.compile(p) for p in drop]
-    expected = set(expected_keys)
-    out: dict[str, torch.Tensor] = {}
-    unmapped, duplicated = [], []
-    for key, tensor in state_dict.items():
-        for rule in rules:
-            targets = rule.apply(key)
-            if targets is not None:
-                break
-        else:
-            if not any(p.fullmatch(key) for p in drop):
-                unmapped.append(key)
-            continue
-        for target, piece in zip(targets, rule.tensors(tensor)):
-            if target in out:
-                duplicated.append(target)
-            out[target] = piece
-    problems = []
-    if unmapped:
-        problems.append(f"source keys no rule maps: {key_listing(unmapped)}")
-    if duplicated:
-        problems.append(f"target keys produced twice: {key_listing(duplicated)}")
-    if missing := expected - out.keys():
-        problems.append(f"target keys no source key fills: {key_listing(missing)}")
-    if unexpected := {k for k in out.keys() - expected if not k.startswith(ASIDE)}:
-        problems.append(f"target keys the model does not have: {key_listing(unexpected)}")
-    if problems:
-        raise ConversionError("Conversion refused; " + "; ".join(problems))
-    return out
-
-
-def expected_target_keys(model: torch.nn.Module) -> set[str]:
-    """Keys a swapformer model loads: its state dict minus the copies of tied weights."""
-    tied = set(getattr(model, "all_tied_weights_keys", {}) or {})
-    return {k for k in model.state_dict() if k not in tied}
-
-
-def untied_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """The state dict without the copies of tied weights: a key the model declares tied is left out
-    only when it really shares its tensor with the key it is tied to (transformers keeps a T5 v1.1
-    `lm_head` separate when the checkpoint holds a different one, whatever the declaration says)."""
-    state = model.state_dict()
-    tied = getattr(model, "all_tied_weights_keys", {}) or {}
-    return {
-        k: v
-        for k, v in state.items()
-        if not (k in tied and tied[k] in state and state[tied[k]].data_ptr() == v.data_ptr())
-    }
-
-
-def invert_state_dict(
-    state_dict: dict[str, torch.Tensor],
-    rules: Iterable[Rule],
-    *,
-    source_keys: Iterable[str],
-    tied: dict[str, str],
-    drop: Iterable[str] = (),
-) -> dict[str, torch.Tensor]:
-    """The reverse of `convert_state_dict`: rebuild the source checkpoint from converted tensors.
-
-    Each source key is sent through the forward rules to find the target keys it became; their
-    tensors go through the rule's inverse transform.
-
-    Args:
-        state_dict: swapformer tensors (without tied copies), plus `ASIDE` tensors.
-        source_keys: the keys of the source model class (its full state dict).
-        tied: the source class's tied keys {copy: original}; a copy is left out when it would hold
-            the same converted tensor as its original (the source model re-ties it on loading), or
-            when the swapformer model ties the tensor it would come from.
-        drop: source keys not to produce (buffers the source model rebuilds).
-    Raises:
-        ConversionError: source keys no rule maps, source keys whose tensors are missing, and
-            converted tensors no source key takes, listed.
-    """
-    rules, drop = list(rules), [re.compile(p) for p in drop]
-    out: dict[str, torch.Tensor] = {}
-    origin: dict[str, tuple[str, ...]] = {}
-    unmapped, missing = [], []
-    for key in source_keys:
-        if any(p.fullmatch(key) for p in drop):
-            continue
-        for rule in rules:
-            targets = rule.apply(key)
-            if targets is not None:
-                break
-        else:
-            unmapped.append(key)
-            continue
-        absent = [t for t in targets if t not in state_dict]
-        if absent:
-            if key not in tied:
-                missing.extend(absent)
-            continue
-        out[key] = rule.inverse(tuple(state_dict[t] for t in targets))
-        origin[key] = targets
-    for copy_key, original in tied.items():
-        if copy_key in out and origin.get(original) == origin[copy_key]:
-            del out[copy_key]
-    problems = []
-    if unmapped:
-        problems.append(f"source keys no rule maps: {key_listing(unmapped)}")
-    if missing:
-        problems.append(f"converted keys that are missing: {key_listing(missing)}")
-    if unused := state_dict.keys() - {t for targets in origin.values() for t in targets}:
-        problems.append(f"converted keys no source key takes: {key_listing(unused)}")
-    if problems:
-        raise ConversionError("Reverse conversion refused; " + "; ".join(problems))
-    return out
+def first_match(rules: Iterable[Rule], key: str) -> tuple[Rule, tuple[str, ...]] | None:
+    """The first rule that maps `key`, with the target keys it gives; None when no rule does."""
+    for rule in rules:
+        targets = rule.apply(key)
+        if targets is not None:
+            return rule, targets
+    return None

@@ -15,7 +15,7 @@ import json
 import shutil
 from pathlib import Path
 
-from .rules import ConversionError
+from .rules import ConversionError, json_list
 
 MODULES = "modules.json"
 # The names sentence-transformers reads the transformer module's settings from (the first it finds).
@@ -41,15 +41,13 @@ def sentence_transformers_files(src: Path) -> list[str]:
     modules = src / MODULES
     if not modules.is_file():
         return []
-    try:
-        entries = json.loads(modules.read_text())
-    except ValueError as e:
-        raise ConversionError(
-            f"{modules} is not valid JSON ({e}); repair it, or remove it to convert the model without its "
-            "sentence-transformers pipeline"
-        ) from e
-    if not isinstance(entries, list) or not all(isinstance(e, dict) for e in entries):
-        raise ConversionError(f"{modules} must be a JSON list of modules ({{'path': ..., 'type': ...}})")
+    entries = json_list(
+        modules.read_text(),
+        dict,
+        f"{modules} is not valid JSON",
+        "repair it, or remove it to convert the model without its sentence-transformers pipeline",
+        f"{modules} must be a JSON list of modules ({{'path': ..., 'type': ...}})",
+    )
     names = [name for name in ROOT_FILES if (src / name).is_file()]
     for name in names:
         try:

@@ -28,33 +28,10 @@ from dataclasses import dataclass
 import torch
 
 from ..configuration.configuration_swapformer import LAYER_TYPES
+from .engine import from_hf_model
+from .family import FAMILIES, family_for
 from .rules import ConversionError
 
-# Families whose position table can be copied: bidirectional encoders with learned absolute positions.
-ENCODER_FAMILIES = ("bert", "roberta")
-_ROPE = (
-    "{} has RoPE positions and no position table to copy; to extend its context, convert without these "
-    "flags and load the converted folder with RoPE scaling, e.g. from_pretrained(out, rope_parameters="
-    "{{'rope_type': 'yarn', 'factor': 4.0, 'original_max_position_embeddings': N, 'rope_theta': the source's}}, "
-    "max_position_embeddings=4 * N)"
-)
-# Why the others cannot, and what to do instead.
-NOT_STRETCHABLE = {
-    "gpt2": (
-        "gpt2 is a causal decoder: copying its learned position table (Longformer's recipe, made for "
-        "bidirectional encoders) gives it positions it never learned to continue from"
-    ),
-    "llama": _ROPE.format("llama"),
-    "mistral": _ROPE.format("mistral"),
-    "t5": (
-        "t5 has a relative position bias and no table of absolute positions: it already runs on longer "
-        "inputs as it is"
-    ),
-    "bart": (
-        "bart is an encoder-decoder; copying its position tables (as LED did) is not implemented, only "
-        "encoders (bert, roberta) stretch"
-    ),
-}
 PATTERNED = ("sliding_global_attention", "bigbird_attention")  # layer types that read global tokens
 
 
@@ -80,28 +57,14 @@ class LongSettings:
         return " ".join(f"--{k.replace('_', '-')}" for k, v in vars(self).items() if v is not None)
 
 
-def parse_layer_types(text: str) -> str | list[str]:
-    """`--layer-types`: one name (for every layer) or a JSON list with one name per layer."""
-    text = text.strip()
-    if not text.startswith("["):
-        return text
-    try:
-        value = json.loads(text)
-    except ValueError as e:
-        raise ValueError(
-            f"--layer-types {text} is not a valid JSON list ({e}); write one name for every layer, or a list "
-            'such as \'["sliding_global_attention", "full_attention"]\''
-        ) from e
-    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-        raise ValueError(f"--layer-types {text} must be a JSON list of layer type names")
-    return value
-
-
 def check_source(model_type: str | None, config=None) -> None:
     """Refuse a source whose positions cannot be stretched, saying what to do instead (`config`: a
-    swapformer encoder's, whose position type decides)."""
-    if model_type in ENCODER_FAMILIES:
+    swapformer encoder's, whose position type decides). A family says whether it stretches
+    (`Family.stretchable`, `Family.long_refusal`)."""
+    family = FAMILIES.get(model_type)
+    if family is not None and family.stretchable:
         return
+    stretchable = ", ".join(sorted(name for name, f in FAMILIES.items() if f.stretchable))
     if model_type == "swapformer_encoder" and config is not None:
         if config.position_embedding_type == "learned":
             return
@@ -111,10 +74,10 @@ def check_source(model_type: str | None, config=None) -> None:
         )
     elif model_type in ("swapformer_decoder", "swapformer_seq2seq"):
         reason = f"{model_type} is not an encoder; only encoders with learned positions stretch"
+    elif family is not None and family.long_refusal is not None:
+        reason = family.long_refusal
     else:
-        reason = NOT_STRETCHABLE.get(
-            model_type, f"model_type={model_type!r} has no conversion (supported encoders: bert, roberta)"
-        )
+        reason = f"model_type={model_type!r} has no long-model recipe (supported encoders: {stretchable})"
     raise ConversionError(
         f"Cannot make a long model from this source: {reason}. The long-model settings (max_length, "
         "layer_types, window, global_tokens) apply to BERT and RoBERTa checkpoints; convert without them"
@@ -126,23 +89,8 @@ def _int(name: str, value, minimum: int) -> None:
         raise ConversionError(f"{_arg(name, value)} must be an integer >= {minimum}")
 
 
-def long_config_values(config, settings: LongSettings) -> dict:
-    """The swapformer config fields `settings` set on an encoder `config` (its learned table has
-    `config.max_position_embeddings` rows), checked with messages that name the flags.
-
-    Returns {max_position_embeddings, layer_types, sliding_window, global_tokens}.
-    Raises:
-        ConversionError (a ValueError): a value out of range, or settings that contradict each other.
-    """
-    source_length = config.max_position_embeddings
-    max_length = source_length if settings.max_length is None else settings.max_length
-    if settings.max_length is not None:
-        _int("max_length", settings.max_length, 1)
-        if max_length < source_length:
-            raise ConversionError(
-                f"{_arg('max_length', max_length)} is shorter than the source's {source_length} learned positions; "
-                f"pass at least {source_length} (Longformer: 4096 from 512), or leave it out to keep {source_length}"
-            )
+def _layer_types(config, settings: LongSettings) -> list[str]:
+    """The layer types `settings` ask for (one per layer), checked."""
     n = config.num_hidden_layers
     layer_types = settings.layer_types
     if layer_types is None:
@@ -162,6 +110,43 @@ def long_config_values(config, settings: LongSettings) -> dict:
                 f"{_arg('layer_types', settings.layer_types)}: {name!r} is not a layer type; choose from "
                 f"{', '.join(LAYER_TYPES)}"
             )
+    return layer_types
+
+
+def _check_global_tokens(global_tokens: int, layer_types: list[str], max_length: int) -> None:
+    """`--global-tokens` against the layers that would read them and the long model's length."""
+    _int("global_tokens", global_tokens, 0)
+    if global_tokens and not any(t in PATTERNED for t in layer_types):
+        raise ConversionError(
+            f"{_arg('global_tokens', global_tokens)} has no layer to apply to: only "
+            f"{' and '.join(PATTERNED)} layers read global tokens; pass --layer-types "
+            "sliding_global_attention (layer_types='sliding_global_attention') or drop --global-tokens"
+        )
+    if global_tokens >= max_length:
+        raise ConversionError(
+            f"{_arg('global_tokens', global_tokens)} must be smaller than the {max_length} "
+            "positions of the model (Longformer makes the first token, [CLS], global: 1)"
+        )
+
+
+def long_config_values(config, settings: LongSettings) -> dict:
+    """The swapformer config fields `settings` set on an encoder `config` (its learned table has
+    `config.max_position_embeddings` rows), checked with messages that name the flags.
+
+    Returns {max_position_embeddings, layer_types, sliding_window, global_tokens}.
+    Raises:
+        ConversionError (a ValueError): a value out of range, or settings that contradict each other.
+    """
+    source_length = config.max_position_embeddings
+    max_length = source_length if settings.max_length is None else settings.max_length
+    if settings.max_length is not None:
+        _int("max_length", settings.max_length, 1)
+        if max_length < source_length:
+            raise ConversionError(
+                f"{_arg('max_length', max_length)} is shorter than the source's {source_length} learned positions; "
+                f"pass at least {source_length} (Longformer: 4096 from 512), or leave it out to keep {source_length}"
+            )
+    layer_types = _layer_types(config, settings)
     windowed = [t for t in layer_types if t != "full_attention"]
     window = settings.window if settings.window is not None else config.sliding_window
     if settings.window is not None:
@@ -182,18 +167,7 @@ def long_config_values(config, settings: LongSettings) -> dict:
         )
     global_tokens = settings.global_tokens if settings.global_tokens is not None else config.global_tokens
     if settings.global_tokens is not None:
-        _int("global_tokens", settings.global_tokens, 0)
-        if settings.global_tokens and not any(t in PATTERNED for t in layer_types):
-            raise ConversionError(
-                f"{_arg('global_tokens', settings.global_tokens)} has no layer to apply to: only "
-                f"{' and '.join(PATTERNED)} layers read global tokens; pass --layer-types "
-                "sliding_global_attention (layer_types='sliding_global_attention') or drop --global-tokens"
-            )
-        if settings.global_tokens >= max_length:
-            raise ConversionError(
-                f"{_arg('global_tokens', settings.global_tokens)} must be smaller than the {max_length} "
-                "positions of the model (Longformer makes the first token, [CLS], global: 1)"
-            )
+        _check_global_tokens(settings.global_tokens, layer_types, max_length)
     return {
         "max_position_embeddings": max_length,
         "layer_types": layer_types,
@@ -232,14 +206,32 @@ def stretch_model(model, settings: LongSettings, *, share: bool = False):
     return long.train(model.training)
 
 
+def stretch_converted(model, settings: LongSettings, log) -> tuple:
+    """The long model `convert` writes (when `settings` ask for one), the values to report, and the
+    longest input on which it must compute what the source computes (None: `model` as it was)."""
+    if not settings.given():
+        return model, {}, None
+    source_positions = model.config.max_position_embeddings
+    model = stretch_model(model, settings, share=True)
+    config = model.config
+    names = ("max_position_embeddings", "layer_types", "sliding_window", "global_tokens")
+    values = {"source_positions": source_positions, **{k: getattr(config, k) for k in names}}
+    windowed = any(t != "full_attention" for t in config.layer_types)
+    length = min(source_positions, config.sliding_window) if windowed else source_positions
+    log(
+        f"long model: positions {source_positions} -> {config.max_position_embeddings} (copied), "
+        f"layer types {', '.join(sorted(set(config.layer_types)))}, sliding_window {config.sliding_window}, "
+        f"global_tokens {config.global_tokens}; verifying on {length} tokens"
+    )
+    return model, values, length
+
+
 def _load_any(path: str | os.PathLike, settings: LongSettings):
     """A swapformer encoder from a folder: a swapformer folder as it is, a BERT/RoBERTa folder converted
     in memory. `settings` are checked against the folder's config before any weight is read."""
     import transformers
 
     from .. import modeling, register
-    from . import FAMILIES, from_hf_model
-    from .checkpoint import architectures_for
 
     register()
     config = transformers.AutoConfig.from_pretrained(path)
@@ -248,15 +240,12 @@ def _load_any(path: str | os.PathLike, settings: LongSettings):
     if config.model_type == "swapformer_encoder":
         long_config_values(config, settings)
         return getattr(modeling, arch or "EncoderModel").from_pretrained(path)
-    long_config_values(FAMILIES[config.model_type].config_from_hf(config), settings)
-    archs = architectures_for(FAMILIES[config.model_type], config)
-    arch = arch or next(iter(archs))
-    if arch not in archs:
-        raise ConversionError(
-            f"{arch} has no swapformer counterpart; {config.model_type} converts: {', '.join(archs)}"
-        )
+    family = family_for(config.model_type)
+    long_config_values(family.config_from_hf(config), settings)
+    arch = arch or next(iter(family.classes(config)))
+    target = family.architecture(arch, config)
     hf_model = getattr(transformers, arch).from_pretrained(path)
-    return from_hf_model(hf_model, getattr(modeling, archs[arch].target))
+    return from_hf_model(hf_model, getattr(modeling, target.target))
 
 
 def stretch(
@@ -293,15 +282,7 @@ def stretch(
         return stretch_model(model_or_path, settings)
     check_source(config.model_type, config)
     from .. import modeling
-    from . import FAMILIES, from_hf_model
-    from .checkpoint import architectures_for
 
-    archs = architectures_for(FAMILIES[config.model_type], config)
-    arch = archs.get(type(model_or_path).__name__)
-    if arch is None:
-        raise ConversionError(
-            f"{type(model_or_path).__name__} has no swapformer counterpart; {config.model_type} converts: "
-            f"{', '.join(archs)}"
-        )
-    converted = from_hf_model(model_or_path, getattr(modeling, arch.target))
+    target = family_for(config.model_type).architecture(type(model_or_path).__name__, config)
+    converted = from_hf_model(model_or_path, getattr(modeling, target.target))
     return stretch_model(converted, settings, share=True)

@@ -14,7 +14,8 @@ projection), a separate `lm_head`, no scaling.
 from __future__ import annotations
 
 from ..configuration.configuration_swapformer import Seq2SeqConfig
-from .rules import Architecture, Rule, prefixed
+from .family import Architecture, Family, Fields, register
+from .rules import Rule, prefixed
 
 _B = r"(encoder|decoder)\.block\.(\d+)\."
 _MLP = r"layer\.(1|2)\.DenseReluDense\."  # layer 1 in the encoder, 2 in the decoder (after cross-attention)
@@ -46,63 +47,43 @@ ARCHITECTURES = {
         prefixed(BASE_RULES, "", "model.") + [Rule(r"lm_head\.weight", "lm_head.weight")],
     ),
 }
-RULES = ARCHITECTURES["T5ForConditionalGeneration"].rules
 # encoder/decoder.embed_tokens are views of `shared`.
-DROP = [r"(encoder|decoder)\.embed_tokens\.weight"]
+DROP = (r"(encoder|decoder)\.embed_tokens\.weight",)
+
+
+FIELDS = Fields.parse(
+    "vocab_size hidden_size=d_model num_hidden_layers=num_layers decoder_layers=num_decoder_layers "
+    "num_attention_heads=num_heads head_dim=d_kv intermediate_size=d_ff relative_attention_num_buckets "
+    "relative_attention_max_distance norm_eps=layer_norm_epsilon hidden_dropout=dropout_rate pad_token_id "
+    "eos_token_id decoder_start_token_id"
+)
+# What every T5 is in swapformer's terms; a config without these values has no T5.
+T5_VALUES = dict(
+    position_embedding_type="relative_bias", norm_type="rmsnorm", pre_norm=True, attention_bias=False,
+    mlp_bias=False, attention_scale=1.0, shared_embeddings=True, embedding_norm=False, scale_embeddings=False,
+)  # fmt: skip
 
 
 def config_from_hf(hf) -> Seq2SeqConfig:
     return Seq2SeqConfig(
-        vocab_size=hf.vocab_size,
-        hidden_size=hf.d_model,
-        num_hidden_layers=hf.num_layers,
-        decoder_layers=hf.num_decoder_layers,
-        num_attention_heads=hf.num_heads,
-        head_dim=hf.d_kv,
-        intermediate_size=hf.d_ff,
+        **FIELDS.from_hf(hf),
+        **T5_VALUES,
         hidden_act=hf.dense_act_fn,
         mlp_type="gated" if hf.is_gated_act else "mlp",
-        position_embedding_type="relative_bias",
-        relative_attention_num_buckets=hf.relative_attention_num_buckets,
-        relative_attention_max_distance=hf.relative_attention_max_distance,
-        norm_type="rmsnorm",
-        norm_eps=hf.layer_norm_epsilon,
-        pre_norm=True,
-        embedding_norm=False,
-        scale_embeddings=False,
-        attention_bias=False,
-        mlp_bias=False,
-        attention_scale=1.0,
-        hidden_dropout=hf.dropout_rate,
         attention_dropout=hf.dropout_rate,
         activation_dropout=hf.dropout_rate,
         final_dropout=True,  # T5Stack applies its dropout again after the final layer norm
-        shared_embeddings=True,
         # whether the LM head really shares the embedding is read from the weights by the converter
         tie_word_embeddings=True,
         scale_decoder_outputs=bool(hf.scale_decoder_outputs),
-        pad_token_id=hf.pad_token_id,
-        eos_token_id=hf.eos_token_id,
-        decoder_start_token_id=hf.decoder_start_token_id,
     )
 
 
 def config_to_hf(cfg: Seq2SeqConfig):
     from transformers import T5Config
 
-    expected = dict(
-        position_embedding_type="relative_bias",
-        norm_type="rmsnorm",
-        pre_norm=True,
-        attention_bias=False,
-        mlp_bias=False,
-        attention_scale=1.0,
-        shared_embeddings=True,
-        embedding_norm=False,
-        scale_embeddings=False,
-    )
-    if wrong := {k: getattr(cfg, k) for k, v in expected.items() if getattr(cfg, k) != v}:
-        raise ValueError(f"This seq2seq config cannot be a T5: it has {wrong}; T5 needs {expected}")
+    if wrong := {k: getattr(cfg, k) for k, v in T5_VALUES.items() if getattr(cfg, k) != v}:
+        raise ValueError(f"This seq2seq config cannot be a T5: it has {wrong}; T5 needs {T5_VALUES}")
     act = cfg.hidden_act
     if cfg.mlp_type == "gated":
         # transformers reads "gated-gelu" as gelu_new (tanh GELU), so an exact GELU gate has no T5 name
@@ -111,23 +92,15 @@ def config_to_hf(cfg: Seq2SeqConfig):
                 "T5 has no gated MLP with the exact GELU (hidden_act='gelu'); 'gated-gelu' means gelu_new"
             )
         act = "gated-gelu" if act == "gelu_new" else f"gated-{act}"
-    return T5Config(
-        vocab_size=cfg.vocab_size,
-        d_model=cfg.hidden_size,
-        num_layers=cfg.num_hidden_layers,
-        num_decoder_layers=cfg.decoder_layers,
-        num_heads=cfg.num_attention_heads,
-        d_kv=cfg.head_dim,
-        d_ff=cfg.intermediate_size,
-        feed_forward_proj=act,
-        relative_attention_num_buckets=cfg.relative_attention_num_buckets,
-        relative_attention_max_distance=cfg.relative_attention_max_distance,
-        layer_norm_epsilon=cfg.norm_eps,
-        dropout_rate=cfg.hidden_dropout,
-        # transformers reads this as "scale the decoder output" and ties the LM head unless the
-        # checkpoint holds a different one
-        tie_word_embeddings=cfg.scale_decoder_outputs,
-        pad_token_id=cfg.pad_token_id,
-        eos_token_id=cfg.eos_token_id,
-        decoder_start_token_id=cfg.decoder_start_token_id,
-    )
+    # transformers reads tie_word_embeddings as "scale the decoder output" and ties the LM head unless
+    # the checkpoint holds a different one
+    return T5Config(**FIELDS.to_hf(cfg), feed_forward_proj=act, tie_word_embeddings=cfg.scale_decoder_outputs)
+
+
+LONG_REFUSAL = (
+    "t5 has a relative position bias and no table of absolute positions: it already runs on longer "
+    "inputs as it is"
+)
+FAMILY = register(
+    Family("t5", ARCHITECTURES, config_from_hf, config_to_hf, drop=DROP, long_refusal=LONG_REFUSAL)
+)

@@ -63,7 +63,7 @@ def main(argv: list[str] | None = None) -> list[float]:
     parser.add_argument("--output-dir", default=None, help="Trainer's folder (default: a temporary one)")
     args = parser.parse_args(argv)
 
-    from swapformer.training.data import stdlib_documents
+    from swapformer.training.corpus import stdlib_documents
     from swapformer.training.tokenizer import train_tokenizer
 
     texts = [doc.text[:3000] for doc in stdlib_documents()[: args.documents]]

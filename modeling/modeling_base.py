@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import importlib
 import inspect
 import os
 import threading
@@ -149,7 +150,31 @@ class SwapformerPreTrainedModel(PreTrainedModel):
         result = super().save_pretrained(save_directory, *args, is_main_process=is_main_process, **kwargs)
         if is_main_process:
             write_remote_code(type(self), save_directory)
+            if (publish := _publishing()) is not None:
+                publish.write_card(self, save_directory)
         return result
+
+    def post_init(self):
+        super().post_init()
+        if (publish := _publishing()) is not None:
+            publish.install_trainer_hook()  # Trainer.push_to_hub then uploads swapformer's card
+
+    def push_to_hub(self, repo_id: str, **kwargs):
+        """`PreTrainedModel.push_to_hub` (same arguments) that uploads swapformer's model card, or keeps
+        the repository's card when a user wrote it, after a preflight (hub_cards/publish.py)."""
+        publish = _publishing()
+        if publish is None:  # remote code on a machine without swapformer: transformers' own upload
+            return super().push_to_hub(repo_id, **kwargs)
+        return publish.push_model(self, repo_id, **kwargs)
+
+
+def _publishing():
+    """swapformer.hub_cards.publish, or None in remote code loaded where swapformer is not installed (the
+    module is found by name, so the remote-code export does not follow it into the flat folder)."""
+    try:
+        return importlib.import_module("swapformer.hub_cards.publish")
+    except ImportError:
+        return None
 
 
 class DecodingWeights:

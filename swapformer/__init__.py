@@ -52,7 +52,18 @@ _LAZY = {
         "modeling",
     ),
 }
-_SUBPACKAGES = ("auto", "chunking", "cli", "configuration", "conversion", "hub_cards", "modeling", "training")
+_SUBPACKAGES = (
+    "auto",
+    "chunking",
+    "cli",
+    "configuration",
+    "conversion",
+    "hub_cards",
+    "metrics",
+    "modeling",
+    "training",
+    "visualize",
+)
 
 __all__ = list(_LAZY)
 

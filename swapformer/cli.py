@@ -17,7 +17,7 @@ import importlib
 import sys
 import traceback
 
-# name -> (module with add_subcommand(subparsers), the line `swapformer --help` shows)
+# name -> (module with add_subcommand(subparsers), or "module:function", and the line `swapformer --help` shows)
 SUBCOMMANDS = {
     "train": ("swapformer.training.cli", "pretrain a model with Accelerate and write a Hub-ready folder"),
     "convert": (
@@ -25,6 +25,14 @@ SUBCOMMANDS = {
         "convert a transformers checkpoint folder into swapformer (or back with --to-hf), verified",
     ),
     "backends": ("swapformer.cli", "print the attention backend capability table (Markdown)"),
+    "attention": (
+        "swapformer.visualize_cli:add_attention",
+        "draw a model's attention on a text as heatmaps (PNG, SVG or PDF)",
+    ),
+    "pattern": (
+        "swapformer.visualize_cli:add_pattern",
+        "draw which keys each layer type of a config lets a token attend (PNG, SVG or PDF)",
+    ),
 }
 USER_ERRORS = (ValueError, TypeError, OSError, ImportError)
 
@@ -71,7 +79,8 @@ def build_parser(chosen: str | None = None) -> argparse.ArgumentParser:
     parser.commands = commands.choices  # name -> subparser
     for name, (module, summary) in SUBCOMMANDS.items():
         if name == chosen:
-            importlib.import_module(module).add_subcommand(commands)
+            module, _, function = module.partition(":")
+            getattr(importlib.import_module(module), function or "add_subcommand")(commands)
             sub = commands.choices[name]
             sub.add_argument(
                 "--debug",

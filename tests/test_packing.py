@@ -738,7 +738,8 @@ def test_train_with_packing_runs_and_resumes_exactly(arch, tmp_path, text_folder
     ],
 )
 def test_train_packing_refuses_what_cannot_pack(overrides, message, tmp_path):
-    from swapformer.training.args import TrainArgumentError, validate
+    from swapformer.training.args import TrainArgumentError
+    from swapformer.training.preflight import validate
 
     args = tiny_args(tmp_path / "out", None, packing=True, **overrides).resolved()
     with pytest.raises(TrainArgumentError, match=message):

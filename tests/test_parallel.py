@@ -144,6 +144,40 @@ def test_tensor_parallel_two_processes(arch, tmp_path, report):
     assert result["diff"] <= 1e-5
 
 
+LONGFORMER_LIKE = dict(
+    layer_types=["sliding_global_attention"] * 2, sliding_window=2, global_tokens=1, global_projections=True
+)
+
+
+@pytest.mark.parametrize("arch", ["encoder", "seq2seq"])
+def test_global_projections_are_in_the_tensor_parallel_plan(arch):
+    """Longformer's own projections of global tokens are sharded by heads like q/k/v: every rule names modules
+    of the model, the plan is per config (absent without the option) and is never saved."""
+    config = tiny_config(arch, **LONGFORMER_LIKE)
+    model = build(LM_CLASSES[arch], config)
+    names = {name for name, _ in model.named_modules()}
+    global_rules = [rule for rule in model.tp_plan if "_global_proj" in rule]
+    assert len(global_rules) == 3, model.tp_plan
+    for rule in global_rules:
+        assert model.tp_plan[rule] == "colwise"
+        pattern = rule.replace(".", r"\.").replace("*", r"\d+")
+        assert any(re.fullmatch(pattern, n) for n in names), f"tp rule {rule} matches no module"
+    assert "base_model_tp_plan" not in config.to_dict()
+    plain = build(LM_CLASSES[arch], tiny_config(arch))
+    assert not any("_global_proj" in rule for rule in plain.tp_plan)
+
+
+@pytest.mark.slow
+def test_tensor_parallel_shards_global_projections(tmp_path, report):
+    """tp_plan="auto" in 2 processes shards q/k/v_global_proj too and keeps the unsharded logits."""
+    config = tiny_config("encoder", **LONGFORMER_LIKE)
+    build(LM_CLASSES["encoder"], config).save_pretrained(tmp_path / "model")
+    result = torchrun(2, "tp", "encoder", tmp_path / "model", out=tmp_path / "tp.json")
+    report("tensor-parallel vs unsharded logits (global projections)", result["diff"])
+    assert result["sharded"] >= 7 * config.num_hidden_layers + 3 * config.num_hidden_layers
+    assert result["diff"] <= 1e-5
+
+
 def test_plans_are_on_the_configs():
     assert swapformer.DecoderConfig.base_model_tp_plan["layers.*.self_attn.q_proj"] == "colwise"
     assert swapformer.Seq2SeqConfig.base_model_tp_plan["decoder.layers.*.cross_attn.o_proj"] == "rowwise"

@@ -4,6 +4,7 @@ the perplexity metric against a hand computation, the model card, failures befor
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
 import pathlib
@@ -18,10 +19,14 @@ from transformers import AutoModelForCausalLM, AutoModelForMaskedLM, AutoModelFo
 
 from swapformer.cli import main
 from swapformer.training.args import TrainArgs, TrainArgumentError, flag
-from swapformer.training.data import BlockOrder, split_documents, stdlib_documents
+from swapformer.training.corpus import split_documents, stdlib_documents
+from swapformer.training.data import BlockOrder
 from swapformer.training.evaluation import load_metric, model_log_probs, target_counts, unigram_log_probs
-from swapformer.training.loop import TrainingDiverged, check_launch, check_run, train
+from swapformer.training.launch import check_launch
+from swapformer.training.loop import train
 from swapformer.training.objectives import SpanCorruption, make_objective
+from swapformer.training.preflight import check_run
+from swapformer.training.step import TrainingDiverged
 from swapformer.training.tokenizer import train_tokenizer
 
 from conftest import max_diff
@@ -300,6 +305,20 @@ def test_resume_after_a_kill_reproduces_the_uninterrupted_run(tmp_path, text_fol
     report("resume: max |loss diff| over 8 steps", diff)
     report("resume: max |weight diff|", weights)
     assert diff <= 1e-6 and weights <= 1e-6
+
+
+@pytest.mark.parametrize("arch", ["decoder", "encoder-decoder"])
+def test_checkpoints_store_tied_weights_once_without_a_warning(tmp_path, text_folder, caplog, arch):
+    """accelerate drops an aliased tensor with "Removed shared tensor {'lm_head.weight'} while saving", a
+    warning that reads like an error at every checkpoint; the copy is dropped before it looks."""
+    out = tmp_path / "run"
+    with caplog.at_level(logging.WARNING):
+        train(tiny_args(out, text_folder, arch=arch))
+    assert not [r.getMessage() for r in caplog.records if "shared tensor" in r.getMessage()]
+    checkpoint = sorted((out / "checkpoints").iterdir())[-1]
+    keys = set(load_file(str(checkpoint / "model.safetensors")))
+    assert "lm_head.weight" not in keys
+    assert ("model.embed_tokens.weight" if arch == "decoder" else "model.shared.weight") in keys
 
 
 def test_two_processes_follow_the_single_process_loss_curve(tmp_path, text_folder, report):
@@ -864,7 +883,7 @@ def test_an_fsdp_launch_without_cuda_is_refused(monkeypatch, tmp_path, text_fold
 
     from accelerate.utils import DistributedType
 
-    from swapformer.training.loop import check_distributed
+    from swapformer.training.launch import check_distributed
 
     # what `accelerate launch --use_fsdp --fsdp_version 2 --multi_gpu --num_processes 2` sets in each process
     launched = dict(

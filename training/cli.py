@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from .args import ARCHS, MIXED_PRECISION, PRESETS, TrainArgs, parse_option
+from .args import ARCHS, MIXED_PRECISION, PRESETS, TrainArgs, flag, parse_option
 
 EPILOG = """examples:
   swapformer train                                   # tiny decoder on the Python stdlib, ~70 s on 2 idle CPU cores
@@ -17,6 +17,9 @@ EPILOG = """examples:
 """
 
 
+DEFAULTS = TrainArgs()
+
+
 def add_subcommand(subparsers) -> None:
     p = subparsers.add_parser(
         "train",
@@ -24,153 +27,101 @@ def add_subcommand(subparsers) -> None:
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    d = TrainArgs()
-    what = p.add_argument_group("what to train")
-    what.add_argument(
-        "--arch",
-        choices=ARCHS,
-        default=d.arch,
-        help="decoder: causal LM; encoder: masked LM; encoder-decoder: span corruption",
+    _what_to_train(p.add_argument_group("what to train"))
+    _data(p.add_argument_group("data"))
+    _optimisation(p.add_argument_group("optimisation"))
+    _run(p.add_argument_group("run"))
+    p.set_defaults(func=_train)
+
+
+def _option(group, name: str, help: str | None = None, **kwargs) -> None:
+    """--name, typed and defaulted as TrainArgs' field `name`."""
+    default = getattr(DEFAULTS, name)
+    group.add_argument(flag(name), type=type(default), default=default, help=help, **kwargs)
+
+
+def _preset_option(group, name: str, kind: type, help: str) -> None:
+    """--name, left unset (None) for the preset to fill."""
+    group.add_argument(flag(name), type=kind, help=f"{help} (preset default)")
+
+
+def _appended(group, name: str, dest: str, metavar: str, help: str) -> None:
+    """A repeatable --name, collected in a list."""
+    group.add_argument(flag(name), dest=dest, action="append", default=[], metavar=metavar, help=help)
+
+
+def _what_to_train(group) -> None:
+    arch_help = "decoder: causal LM; encoder: masked LM; encoder-decoder: span corruption"
+    _option(group, "arch", arch_help, choices=ARCHS)
+    _option(group, "preset", "model size and training length (default: %(default)s)", choices=tuple(PRESETS))
+    attn_help = (
+        "attention backend: eager, sdpa, sparse, ..., or a JSON {layer type: backend} mapping such as "
+        '\'{"sliding_attention": "sparse", "full_attention": "sdpa"}\' (default: %(default)s)'
     )
-    what.add_argument(
-        "--preset",
-        choices=tuple(PRESETS),
-        default=d.preset,
-        help="model size and training length (default: %(default)s)",
+    _option(group, "attn", attn_help)
+    group.add_argument("--config", help="JSON file of config fields (a saved config.json works)")
+    set_help = "one config field (any field of the architecture's config), e.g. --set num_key_value_heads=2; repeatable"
+    _appended(group, "set", "model_options", "FIELD=VALUE", set_help)
+
+
+def _data(group) -> None:
+    data_help = (
+        "text file, folder of text files, or a `datasets` dataset saved with save_to_disk; repeatable "
+        "(default: the Python stdlib)"
     )
-    what.add_argument(
-        "--attn",
-        default=d.attn,
-        help='attention backend: eager, sdpa, sparse, ..., or a JSON {layer type: backend} mapping such as \'{"sliding_attention": "sparse", "full_attention": "sdpa"}\' (default: %(default)s)',
-    )
-    what.add_argument("--config", help="JSON file of config fields (a saved config.json works)")
-    what.add_argument(
-        "--set",
-        dest="model_options",
-        action="append",
-        default=[],
-        metavar="FIELD=VALUE",
-        help="one config field (any field of the architecture's config), e.g. --set num_key_value_heads=2; repeatable",
-    )
-    data = p.add_argument_group("data")
-    data.add_argument(
-        "--data",
-        action="append",
-        default=[],
-        metavar="PATH",
-        help="text file, folder of text files, or a `datasets` dataset saved with save_to_disk; repeatable (default: the Python stdlib)",
-    )
-    data.add_argument(
-        "--text-column", default=d.text_column, help="column of a `datasets` dataset (default: %(default)s)"
-    )
-    data.add_argument(
+    _appended(group, "data", "data", "PATH", data_help)
+    _option(group, "text_column", "column of a `datasets` dataset (default: %(default)s)")
+    group.add_argument(
         "--tokenizer", help="a saved tokenizer folder to reuse instead of training a byte-level BPE"
     )
-    data.add_argument("--vocab-size", type=int, help="size of the BPE trained (preset default)")
-    data.add_argument("--seq-len", type=int, help="tokens per block (preset default)")
-    data.add_argument(
-        "--packing",
-        action="store_true",
-        help="each document of a block is its own sequence: no attention across documents",
+    _preset_option(group, "vocab_size", int, "size of the BPE trained")
+    _preset_option(group, "seq_len", int, "tokens per block")
+    packing_help = "each document of a block is its own sequence: no attention across documents"
+    group.add_argument("--packing", action="store_true", help=packing_help)
+    _preset_option(group, "max_train_chars", int, "character budget of the training split, 0 for all")
+    _preset_option(group, "max_val_chars", int, "character budget of the validation split, 0 for all")
+    _option(group, "val_fraction", "share of documents held out (default: %(default)s)")
+    _option(group, "mlm_probability", "masked LM: share of tokens chosen")
+    _option(group, "noise_density", "span corruption: share of tokens hidden")
+    _option(group, "mean_span_length", "span corruption: mean span length")
+
+
+def _optimisation(group) -> None:
+    _preset_option(group, "batch_size", int, "sequences per process per micro-batch")
+    _option(group, "grad_accum", "micro-batches per optimizer step (default: %(default)s)")
+    _preset_option(group, "max_steps", int, "optimizer steps")
+    _preset_option(group, "lr", float, "peak learning rate")
+    warmup_help = "linear warm-up steps before the cosine decay (default: the preset's share of --max-steps)"
+    group.add_argument("--warmup-steps", type=int, help=warmup_help)
+    _option(group, "min_lr_ratio", "final lr / peak lr (default: %(default)s)")
+    _option(group, "weight_decay", "AdamW decay of matrices; none on norms and biases (default: %(default)s)")
+    for name in ("adam_beta1", "adam_beta2", "adam_eps"):
+        _option(group, name)
+    _option(group, "max_grad_norm", "gradient clipping (default: %(default)s)")
+    precision_help = (
+        "passed to Accelerate; refused where this machine cannot run it (default: %(default)s, fp32)"
     )
-    data.add_argument(
-        "--max-train-chars",
-        type=int,
-        help="character budget of the training split, 0 for all (preset default)",
+    _option(group, "mixed_precision", precision_help, choices=MIXED_PRECISION)
+    checkpointing_help = "recompute activations in backward to save memory"
+    group.add_argument("--gradient-checkpointing", action="store_true", help=checkpointing_help)
+    _option(group, "seed")
+
+
+def _run(group) -> None:
+    _option(group, "output_dir", "the Hub-ready folder written (default: %(default)s)")
+    _preset_option(group, "save_every", int, "checkpoint every N steps")
+    _option(group, "keep_checkpoints", "checkpoints kept (default: %(default)s)")
+    _preset_option(group, "eval_every", int, "validation every N steps")
+    resume_help = (
+        "continue the run in --output-dir from its latest checkpoint (or from the checkpoint folder given)"
     )
-    data.add_argument(
-        "--max-val-chars",
-        type=int,
-        help="character budget of the validation split, 0 for all (preset default)",
-    )
-    data.add_argument(
-        "--val-fraction",
-        type=float,
-        default=d.val_fraction,
-        help="share of documents held out (default: %(default)s)",
-    )
-    data.add_argument(
-        "--mlm-probability", type=float, default=d.mlm_probability, help="masked LM: share of tokens chosen"
-    )
-    data.add_argument(
-        "--noise-density", type=float, default=d.noise_density, help="span corruption: share of tokens hidden"
-    )
-    data.add_argument(
-        "--mean-span-length", type=float, default=d.mean_span_length, help="span corruption: mean span length"
-    )
-    opt = p.add_argument_group("optimisation")
-    opt.add_argument("--batch-size", type=int, help="sequences per process per micro-batch (preset default)")
-    opt.add_argument(
-        "--grad-accum",
-        type=int,
-        default=d.grad_accum,
-        help="micro-batches per optimizer step (default: %(default)s)",
-    )
-    opt.add_argument("--max-steps", type=int, help="optimizer steps (preset default)")
-    opt.add_argument("--lr", type=float, help="peak learning rate (preset default)")
-    opt.add_argument(
-        "--warmup-steps",
-        type=int,
-        help="linear warm-up steps before the cosine decay (default: the preset's share of --max-steps)",
-    )
-    opt.add_argument(
-        "--min-lr-ratio", type=float, default=d.min_lr_ratio, help="final lr / peak lr (default: %(default)s)"
-    )
-    opt.add_argument(
-        "--weight-decay",
-        type=float,
-        default=d.weight_decay,
-        help="AdamW decay of matrices; none on norms and biases (default: %(default)s)",
-    )
-    opt.add_argument("--adam-beta1", type=float, default=d.adam_beta1)
-    opt.add_argument("--adam-beta2", type=float, default=d.adam_beta2)
-    opt.add_argument("--adam-eps", type=float, default=d.adam_eps)
-    opt.add_argument(
-        "--max-grad-norm",
-        type=float,
-        default=d.max_grad_norm,
-        help="gradient clipping (default: %(default)s)",
-    )
-    opt.add_argument(
-        "--mixed-precision",
-        choices=MIXED_PRECISION,
-        default=d.mixed_precision,
-        help="passed to Accelerate; refused where this machine cannot run it (default: %(default)s, fp32)",
-    )
-    opt.add_argument(
-        "--gradient-checkpointing",
-        action="store_true",
-        help="recompute activations in backward to save memory",
-    )
-    opt.add_argument("--seed", type=int, default=d.seed)
-    run = p.add_argument_group("run")
-    run.add_argument(
-        "--output-dir", default=d.output_dir, help="the Hub-ready folder written (default: %(default)s)"
-    )
-    run.add_argument("--save-every", type=int, help="checkpoint every N steps (preset default)")
-    run.add_argument(
-        "--keep-checkpoints",
-        type=int,
-        default=d.keep_checkpoints,
-        help="checkpoints kept (default: %(default)s)",
-    )
-    run.add_argument("--eval-every", type=int, help="validation every N steps (preset default)")
-    run.add_argument(
-        "--resume",
-        nargs="?",
-        const="latest",
-        help="continue the run in --output-dir from its latest checkpoint (or from the checkpoint folder given)",
-    )
-    run.add_argument("--overwrite", action="store_true", help="replace a previous run in --output-dir")
-    run.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
-    run.add_argument(
-        "--push-to-hub",
-        metavar="REPO_ID",
-        help="upload the finished folder to this Hub repo (created if missing; checkpoints/ left out)",
-    )
-    run.add_argument("--hub-private", action="store_true", help="create the --push-to-hub repo private")
-    run.add_argument("--stop-after", type=int, help=argparse.SUPPRESS)  # test hook: end as if killed
-    p.set_defaults(func=_train)
+    group.add_argument("--resume", nargs="?", const="latest", help=resume_help)
+    group.add_argument("--overwrite", action="store_true", help="replace a previous run in --output-dir")
+    group.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
+    push_help = "upload the finished folder to this Hub repo (created if missing; checkpoints/ left out)"
+    group.add_argument("--push-to-hub", metavar="REPO_ID", help=push_help)
+    group.add_argument("--hub-private", action="store_true", help="create the --push-to-hub repo private")
+    group.add_argument("--stop-after", type=int, help=argparse.SUPPRESS)  # test hook: end as if killed
 
 
 def _train(ns: argparse.Namespace) -> int:
@@ -182,8 +133,10 @@ def _train(ns: argparse.Namespace) -> int:
 
     import pathlib
 
+    from .checkpointing import latest_checkpoint
     from .hub import HubPushError
-    from .loop import TrainingDiverged, latest_checkpoint, train
+    from .loop import train
+    from .step import TrainingDiverged
 
     try:
         metrics = train(args)

@@ -1,204 +1,33 @@
-"""The corpus, its deterministic train/validation split, and the order in which blocks are read.
-
-Documents come from (in order of precedence) `--data` text files, folders of them, or `datasets`
-datasets saved with `save_to_disk`; with no `--data`, from the Python standard library that runs
-swapformer (its `.py` sources, docstrings included; test suites and site-packages left out), which
-exists on every machine without a download.
+"""The data stage: token blocks, and the global batch of each optimizer step rebuilt from its number.
 
 Determinism, which `--resume` and the multi-process run rely on:
-- documents are listed in sorted path order, and each goes to validation or training by a hash of
-  its name, so the split does not depend on the file system's order or on which files exist;
+- the documents and their split are deterministic (corpus.py);
 - tokens are packed into blocks of `seq_len` (documents joined by `</s>`); with `--packing` each
   document of a block is its own sequence (`DocumentPacking`: position ids restart after every
   `</s>`), so no token attends across a document boundary;
 - the block read at global position p (step * global batch + row) is a pure function of
-  (seed, p): a fresh permutation per epoch. Resuming at step s therefore needs only s.
+  (seed, p): a fresh permutation per epoch, and the objective's random draws come from a generator
+  seeded by (seed, step). Resuming at step s therefore needs only s (`step_batch`).
+
+`prepare_data` makes all of it before a fresh run's folder exists: a bad file, an empty split or an
+unusable tokenizer fails the run before anything is written.
 """
 
 from __future__ import annotations
 
 import hashlib
-import os
 import pathlib
-import sys
-import sysconfig
+import tempfile
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 
-from .args import TrainArgumentError
-
-TEXT_SUFFIXES = (".txt", ".md", ".rst", ".py", ".json", ".jsonl", ".csv", ".html", ".xml", ".tex")
-PIECE_CHARS = 20_000  # --data text files longer than this become several documents
-STDLIB_SKIP = {"site-packages", "dist-packages", "test", "tests", "idle_test", "__pycache__"}
-
-
-@dataclass
-class Document:
-    name: str  # a stable identifier: path relative to its root, or dataset row
-    text: str
-    # the split a `datasets` DatasetDict put it in ("train", "validation", "test"); None: the hash decides
-    split: str | None = None
-
-
-def stdlib_documents() -> list[Document]:
-    """The `.py` files of the running Python's standard library, sorted by relative path."""
-    root = pathlib.Path(sysconfig.get_paths()["stdlib"])
-    docs = []
-    for path in sorted(root.rglob("*.py")):
-        rel = path.relative_to(root)
-        if STDLIB_SKIP & set(rel.parts[:-1]):
-            continue
-        try:
-            docs.append(Document(rel.as_posix(), path.read_text(encoding="utf-8")))
-        except (UnicodeDecodeError, OSError):
-            continue  # a few files are not UTF-8; skipping them is as deterministic as reading them
-    return docs
-
-
-def is_saved_dataset(path: str) -> bool:
-    return os.path.isdir(path) and (
-        os.path.isfile(os.path.join(path, "dataset_info.json"))
-        or os.path.isfile(os.path.join(path, "dataset_dict.json"))
-    )
-
-
-def dataset_documents(path: str, text_column: str) -> list[Document]:
-    """Rows of a `datasets` Dataset saved with save_to_disk, or of the train, validation and test splits
-    of a DatasetDict (its validation split replaces the hashed hold-out; its test split is scored once,
-    after training)."""
-    from datasets import DatasetDict, load_from_disk
-
-    try:
-        ds = load_from_disk(path)
-    except Exception as e:  # datasets raises several types for a damaged folder; all mean the same here
-        raise TrainArgumentError(
-            f"--data {path!r} looks like a saved `datasets` dataset but cannot be read ({type(e).__name__}: {e}); "
-            "save it again with save_to_disk, or remove its dataset_info.json/dataset_dict.json to read it as "
-            "a folder of text files"
-        ) from e
-    name = os.path.basename(os.path.normpath(path))
-    if not isinstance(ds, DatasetDict):
-        return _rows(ds, path, text_column, name, None)
-    if "train" not in ds:
-        raise TrainArgumentError(f"--data {path!r} is a DatasetDict without a 'train' split: {list(ds)}")
-    validation = "validation" in ds
-    docs = _rows(
-        ds["train"],
-        path,
-        text_column,
-        f"{name}/train" if validation else name,
-        "train" if validation else None,
-    )
-    for split in ("validation", "test"):
-        if split in ds:
-            rows = _rows(ds[split], path, text_column, f"{name}/{split}", split)
-            if not rows:
-                raise TrainArgumentError(
-                    f"--data {path!r}: its {split!r} split has no text in column {text_column!r} "
-                    f"({len(ds[split])} rows); fill it, or drop the split from the DatasetDict"
-                )
-            docs += rows
-    return docs
-
-
-def _rows(ds, path: str, text_column: str, prefix: str, split: str | None) -> list[Document]:
-    if text_column not in ds.column_names:
-        raise TrainArgumentError(
-            f"--text-column {text_column!r} is not a column of --data {path!r}; columns: {ds.column_names}"
-        )
-    return [Document(f"{prefix}/{i}", text, split) for i, text in enumerate(ds[text_column]) if text]
-
-
-def path_documents(path: str) -> list[Document]:
-    """A text file, or every text file under a folder (sorted, by suffix in TEXT_SUFFIXES)."""
-    if os.path.isfile(path):
-        files, root = [pathlib.Path(path)], pathlib.Path(path).parent
-    else:
-        root = pathlib.Path(path)
-        files = sorted(p for p in root.rglob("*") if p.is_file() and p.suffix.lower() in TEXT_SUFFIXES)
-        if not files:
-            raise TrainArgumentError(f"--data {path!r} holds no text files ({', '.join(TEXT_SUFFIXES)})")
-    docs = []
-    for f in files:
-        try:
-            text = f.read_text(encoding="utf-8")
-        except UnicodeDecodeError as e:
-            raise TrainArgumentError(f"--data file {str(f)!r} is not UTF-8 text: {e}") from e
-        name = f.relative_to(root).as_posix()
-        pieces = _pieces(text, PIECE_CHARS)
-        docs += [Document(name if len(pieces) == 1 else f"{name}#{i}", p) for i, p in enumerate(pieces)]
-    return docs
-
-
-def _pieces(text: str, size: int) -> list[str]:
-    """`text` cut at line ends into pieces of about `size` characters (a long file, such as a single
-    corpus file, becomes many documents, so the split can hold some of it out)."""
-    pieces, current, length = [], [], 0
-    for line in text.splitlines(keepends=True):
-        current.append(line)
-        length += len(line)
-        if length >= size:
-            pieces.append("".join(current))
-            current, length = [], 0
-    if current:
-        pieces.append("".join(current))
-    return [p for p in pieces if p]
-
-
-def load_documents(data: list[str], text_column: str) -> tuple[list[Document], str]:
-    """All documents of the run and a short name of the corpus (for the model card)."""
-    if not data:
-        version = f"{sys.version_info[0]}.{sys.version_info[1]}"
-        return stdlib_documents(), f"python-{version}-stdlib"
-    docs = []
-    for path in data:
-        docs += dataset_documents(path, text_column) if is_saved_dataset(path) else path_documents(path)
-    if not docs:
-        raise TrainArgumentError(f"--data {data} holds no text")
-    return docs, "+".join(os.path.basename(os.path.normpath(p)) for p in data)
-
-
-def split_documents(
-    docs: list[Document], val_fraction: float, max_train_chars: int, max_val_chars: int
-) -> tuple[list[Document], list[Document]]:
-    """Train and validation documents (test documents are left out: `documents_of_test_split`). A document
-    a DatasetDict did not place is in validation when the hash of its name falls under `val_fraction`;
-    each side is then taken in hash order up to its character budget (0: all), so a budget picks a
-    spread-out sample rather than the first folders alphabetically."""
-
-    def rank(doc: Document) -> float:
-        return int.from_bytes(hashlib.sha1(doc.name.encode()).digest()[:8], "big") / 2**64
-
-    ranked = sorted((d for d in docs if d.split != "test"), key=lambda d: (rank(d), d.name))
-    val = [d for d in ranked if d.split == "validation" or (d.split is None and rank(d) < val_fraction)]
-    train = [d for d in ranked if d.split == "train" or (d.split is None and rank(d) >= val_fraction)]
-    if not val and len(train) > 1:  # few documents: hold the last one out rather than have no validation
-        val = [train.pop()]
-    if not val:
-        raise TrainArgumentError("--data has a single document; give at least two so one can be held out")
-    return _budget(train, max_train_chars), _budget(val, max_val_chars)
-
-
-def documents_of_test_split(docs: list[Document], max_chars: int) -> list[Document]:
-    """The test split's documents (DatasetDict test splits), in name order, within `max_chars`."""
-    return _budget(sorted((d for d in docs if d.split == "test"), key=lambda d: d.name), max_chars)
-
-
-def _budget(docs: list[Document], max_chars: int) -> list[Document]:
-    """Documents in order up to `max_chars` (0: all), each contributing at most a tenth of the budget
-    (its beginning), so one large file (a generated table, say) cannot make up a whole split."""
-    if not max_chars:
-        return docs
-    out, total, per_doc = [], 0, max(1, max_chars // 10)
-    for d in docs:
-        if total >= max_chars:
-            break
-        text = d.text[: min(per_doc, max_chars - total)]
-        out.append(Document(d.name, text))
-        total += len(text)
-    return out
+from .args import TrainArgs, TrainArgumentError
+from .checkpointing import start_run_folder
+from .corpus import Document, documents_of_test_split, load_documents, split_documents
+from .objectives import make_objective
+from .tokenizer import load_tokenizer, train_tokenizer
 
 
 def pack(tokenizer, docs: list[Document], seq_len: int) -> torch.Tensor:
@@ -275,3 +104,144 @@ class BlockOrder:
 def fingerprint(blocks: torch.Tensor) -> str:
     """A short hash of the token blocks: a resumed run refuses data that changed since the checkpoint."""
     return hashlib.sha1(blocks.numpy().tobytes()).hexdigest()[:16]
+
+
+def step_generator(seed: int, step: int) -> torch.Generator:
+    """The random stream of one step's objective (masks, spans), the same in every process. Negative
+    `step`s are the streams of the evaluation batches and of the unigram baseline's counts."""
+    return torch.Generator().manual_seed(seed * 1_000_003 + 7919 * step + 1)
+
+
+@dataclass
+class RunData:
+    """Everything derived from the corpus; the same in every process."""
+
+    tokenizer: object
+    corpus_name: str
+    train_docs: list
+    val_docs: list
+    train_blocks: torch.Tensor  # (N, seq_len) token ids
+    val_blocks: torch.Tensor
+    objective: object
+    order: BlockOrder
+    val_batches: list[dict]  # the objective applied once, with a fixed generator
+    test_docs: list  # a DatasetDict's test split, scored once after training (may be empty)
+    test_blocks: torch.Tensor
+    test_batches: list[dict]
+
+
+def step_batch(data: RunData, step: int, global_batch: int, seed: int) -> dict[str, torch.Tensor]:
+    """The whole global batch of optimizer step `step` (1-based): every process builds the same one
+    and takes its rows (step.forward_backward)."""
+    indices = data.order.indices((step - 1) * global_batch, global_batch)
+    return data.objective(data.train_blocks[indices], step_generator(seed, step))
+
+
+def prepare_data(args: TrainArgs, accelerator, out: pathlib.Path, fresh: bool) -> RunData:
+    """Documents, split, tokenizer, token blocks and evaluation batches, all checked before anything is
+    written (a bad file, an empty split or an unusable tokenizer must not leave a folder behind).
+
+    Every process reads the documents (the same in each). The main process trains or loads the
+    tokenizer and packs the blocks; if that fails, every process raises its error. Only then does it
+    create the output folder of a fresh run (tokenizer and training_args.json), from which the other
+    processes read the tokenizer."""
+    docs, corpus_name = load_documents(args.data, args.text_column)
+    train_docs, val_docs = split_documents(docs, args.val_fraction, args.max_train_chars, args.max_val_chars)
+    test_docs = documents_of_test_split(docs, args.max_val_chars)
+    splits = (corpus_name, train_docs, val_docs, test_docs)
+    data, error = None, None
+    if accelerator.is_main_process:
+        try:
+            with tempfile.TemporaryDirectory() as scratch:
+                tokenizer = _run_tokenizer(args, out, fresh, train_docs, scratch)
+                data = _tokenized(args, tokenizer, *splits)
+                if fresh:
+                    start_run_folder(out, args, tokenizer)
+        except Exception as e:
+            error = e
+    _raise_everywhere(accelerator, error)
+    accelerator.wait_for_everyone()
+    if data is None:
+        data = _tokenized(args, load_tokenizer(str(out), args.arch), *splits)
+    return data
+
+
+def _run_tokenizer(args: TrainArgs, out: pathlib.Path, fresh: bool, train_docs: list, scratch: str):
+    """The run's tokenizer as every process will read it back from the output folder: a fresh one
+    (trained, or --tokenizer) goes through save_pretrained and load_tokenizer in `scratch` first."""
+    if not fresh:
+        return load_tokenizer(str(out), args.arch)
+    if args.tokenizer is not None:
+        try:
+            tokenizer = load_tokenizer(args.tokenizer, args.arch)
+        except TrainArgumentError:
+            raise
+        except (OSError, ValueError) as e:  # what transformers raises for a folder it cannot read
+            raise TrainArgumentError(
+                f"--tokenizer {args.tokenizer!r} is not a saved tokenizer folder ({e}); give a folder written "
+                "by save_pretrained, or omit --tokenizer to train one"
+            ) from e
+    else:
+        tokenizer = train_tokenizer((d.text for d in train_docs), args.vocab_size)
+    tokenizer.save_pretrained(scratch)
+    return load_tokenizer(scratch, args.arch)
+
+
+def _raise_everywhere(accelerator, error: Exception | None) -> None:
+    """Re-raise the main process's preparation error in it, and a copy in every other process (which
+    would otherwise wait for it at the next collective call forever)."""
+    if accelerator.num_processes > 1:
+        from accelerate.utils import broadcast_object_list
+
+        verdict = [None if error is None else (isinstance(error, TrainArgumentError), str(error))]
+        broadcast_object_list(verdict)
+        if not accelerator.is_main_process and verdict[0] is not None:
+            users, message = verdict[0]
+            raise (TrainArgumentError if users else RuntimeError)(message)
+    if error is not None:
+        raise error
+
+
+def _tokenized(args: TrainArgs, tokenizer, corpus_name, train_docs, val_docs, test_docs) -> RunData:
+    """Token blocks, the objective and the fixed evaluation batches; refuses a split too short for one
+    block."""
+    train_blocks = pack(tokenizer, train_docs, args.seq_len)
+    val_blocks = pack(tokenizer, val_docs, args.seq_len)
+    test_blocks = pack(tokenizer, test_docs, args.seq_len)
+    splits = [("training", train_blocks, train_docs), ("validation", val_blocks, val_docs)]
+    if test_docs:
+        splits.append(("test", test_blocks, test_docs))
+    for name, blocks, split in splits:
+        if len(blocks) == 0:
+            chars = sum(len(d.text) for d in split)
+            raise TrainArgumentError(
+                f"the {name} split ({len(split)} documents, {chars} characters) is shorter than one "
+                f"--seq-len {args.seq_len} block; give more --data, raise --max-train-chars/--max-val-chars "
+                "or lower --seq-len"
+            )
+    objective = make_objective(tokenizer, args)
+    if args.packing:
+        objective = DocumentPacking(objective, tokenizer.eos_token_id)
+    order = BlockOrder(len(train_blocks), args.seed)
+    return RunData(
+        tokenizer,
+        corpus_name,
+        train_docs,
+        val_docs,
+        train_blocks,
+        val_blocks,
+        objective,
+        order,
+        _eval_batches(args, objective, val_blocks, -1),
+        test_docs,
+        test_blocks,
+        _eval_batches(args, objective, test_blocks, -3),
+    )
+
+
+def _eval_batches(args: TrainArgs, objective, blocks: torch.Tensor, stream: int) -> list[dict]:
+    """The objective applied once to evaluation blocks, with a generator of their own (`stream`)."""
+    generator = step_generator(args.seed, stream)
+    return [
+        objective(blocks[i : i + args.batch_size], generator) for i in range(0, len(blocks), args.batch_size)
+    ]

@@ -1,5 +1,6 @@
-"""Validation perplexity of the model and of a unigram baseline, both through the local `evaluate`
-metric (training/perplexity.py).
+"""The evaluation stage: perplexity of the model and of a unigram baseline, both through the local
+`evaluate` metric (training/perplexity.py). `evaluate` scores a split with the model being trained,
+spread over the processes.
 
 The baseline is a unigram model of the training targets (the tokens the objective asks the model to
 predict, over the whole training split) with add-one (Laplace) smoothing, p(w) = (count(w) + 1) /
@@ -72,3 +73,34 @@ def perplexity(rows: list[list[float]]) -> dict:
     metric = load_metric()
     metric.add_batch(log_probs=rows)
     return metric.compute()
+
+
+def evaluate(accelerator, model, batches: list[dict], shift: bool, step: int, split: str) -> dict:
+    """Loss and perplexity of the wrapped `model` on `batches` (the "val" or "test" split), as a
+    metrics.jsonl record; {} in every process but the main one.
+
+    Every process scores its share of the batches (each runs the same number of forwards, which FSDP
+    needs; the last share is padded with batch 0), and the main process computes the metric over all
+    rows in batch order."""
+    from accelerate.utils import gather_object
+
+    world, rank = accelerator.num_processes, accelerator.process_index
+    per_process = -(-len(batches) // world)
+    mine = list(range(rank, len(batches), world))
+    padded = mine + [0] * (per_process - len(mine))
+    rows = model_log_probs(model, [batches[i] for i in padded], shift)
+    per_batch = [len(batches[i]["labels"]) for i in padded]
+    scored = []  # (batch index, rows of that batch), padding dropped
+    for k, i in enumerate(mine):
+        start = sum(per_batch[:k])
+        scored.append((i, rows[start : start + per_batch[k]]))
+    scored = gather_object(scored) if world > 1 else scored
+    if not accelerator.is_main_process:
+        return {}
+    result = perplexity([row for _, batch_rows in sorted(scored) for row in batch_rows])
+    return {
+        "step": step,
+        f"{split}_loss": result["nll"],
+        f"{split}_perplexity": result["perplexity"],
+        f"{split}_tokens": result["num_tokens"],
+    }

@@ -1,0 +1,415 @@
+"""swapformer's model card in every saved folder and every upload, and the checks made before an upload.
+
+- `write_card(model, folder)`: called by `save_pretrained`. Writes README.md (this package's
+  swapformer_card.md) unless the folder holds a card swapformer did not generate: a user's text is
+  never replaced. A card swapformer generated (it carries `GENERATED_MARK`) is refreshed, keeping its
+  metadata about data and results.
+- `push_model(model, repo_id, ...)`: what `model.push_to_hub` and `save_pretrained(push_to_hub=True)`
+  do: save into a temporary folder, keep the repository's own card if a user wrote it, run
+  `preflight`, and upload everything in one commit.
+- `trainer_push_with_card`: `Trainer.push_to_hub` with swapformer's card (Trainer's training summary
+  kept as a section of it) and the same preflight, for swapformer models.
+- `preflight(folder, auto_class)`: the folder loads with `trust_remote_code=True` in a clean
+  interpreter where swapformer cannot be imported, the card's metadata parses as huggingface_hub's
+  `ModelCardData`, and no resume checkpoint or optimizer state would be uploaded. A failure raises
+  `PublishError` naming every problem, before anything is sent.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import functools
+import os
+import pathlib
+import subprocess
+import sys
+import tempfile
+
+from huggingface_hub import ModelCard, ModelCardData
+
+TEMPLATE = pathlib.Path(__file__).with_name("swapformer_card.md")
+GENERATED_MARK = "<!-- swapformer:generated-card"
+TOKENIZER_FILES = ("tokenizer_config.json", "tokenizer.json")
+# Files a model repository must not receive: the state a training run resumes from.
+RESUME_STATE = (
+    "optimizer*.pt",
+    "optimizer*.bin",
+    "optimizer*.safetensors",
+    "scheduler*.pt",
+    "scaler*.pt",
+    "rng_state*.pth",
+    "random_states_*.pkl",
+)
+RESUME_FOLDERS = ("checkpoints", "checkpoint-*")
+# Trainer.push_to_hub leaves these out of its upload
+TRAINER_IGNORE = ("_*", "checkpoint-*")
+CARRIED_METADATA = ("datasets", "metrics", "eval_results", "license", "language", "base_model")
+
+
+class PublishError(ValueError):
+    """A folder failed its preflight; nothing was uploaded."""
+
+
+# The card ----------------------------------------------------------------------------------------
+
+
+def is_generated(card_text: str) -> bool:
+    return GENERATED_MARK in card_text
+
+
+def auto_class_of(model) -> str:
+    for name, cls in type(model).auto_classes.items():
+        if cls is type(model):
+            return name
+    raise ValueError(f"{type(model).__name__} is not registered with an Auto class")
+
+
+TASKS = {  # class name suffix -> (pipeline tag, usage lines with a tokenizer)
+    "ForCausalLM": (
+        "text-generation",
+        'inputs = tokenizer("Once upon a time", return_tensors="pt")\n'
+        "print(tokenizer.decode(model.generate(**inputs, max_new_tokens=20)[0]))",
+    ),
+    "ForConditionalGeneration": (
+        "text2text-generation",
+        'inputs = tokenizer("Translate: hello", return_tensors="pt")\n'
+        "print(tokenizer.decode(model.generate(**inputs, max_new_tokens=20)[0]))",
+    ),
+    "ForMaskedLM": (
+        "fill-mask",
+        'inputs = tokenizer("The capital of France is " + tokenizer.mask_token, return_tensors="pt")\n'
+        "logits = model(**inputs).logits  # (1, tokens, vocabulary)",
+    ),
+    "ForSequenceClassification": (
+        "text-classification",
+        'inputs = tokenizer("What a lovely day", return_tensors="pt")\nprint(model(**inputs).logits.softmax(-1))',
+    ),
+    "ForTokenClassification": (
+        "token-classification",
+        'inputs = tokenizer("Ada Lovelace lived in London", return_tensors="pt")\n'
+        "print(model(**inputs).logits.argmax(-1))",
+    ),
+    "ForQuestionAnswering": (
+        "question-answering",
+        'inputs = tokenizer("Who wrote it?", "Ada wrote the first program.", return_tensors="pt")\n'
+        "out = model(**inputs)\nprint(out.start_logits.argmax(-1), out.end_logits.argmax(-1))",
+    ),
+}
+BASE_USAGE = (
+    'inputs = tokenizer("Hello world", return_tensors="pt")\nprint(model(**inputs).last_hidden_state.shape)'
+)
+
+
+def usage_snippet(model, repo_id: str, with_tokenizer: bool) -> tuple[str, str]:
+    """(pipeline tag, a snippet that runs on a machine with only torch and transformers)."""
+    name, auto = type(model).__name__, auto_class_of(model)
+    tag, usage = next(
+        ((t, u) for suffix, (t, u) in TASKS.items() if name.endswith(suffix)),
+        ("feature-extraction", BASE_USAGE),
+    )
+    seq2seq_base = model.config.is_encoder_decoder and tag == "feature-extraction"
+    if seq2seq_base:
+        usage = usage.replace(
+            "model(**inputs)", 'model(**inputs, decoder_input_ids=inputs["input_ids"][:, :1])'
+        )
+    lines = [
+        "import torch",
+        f"from transformers import {auto}" + (", AutoTokenizer" if with_tokenizer else ""),
+        "",
+    ]
+    lines.append(f'repo = "{repo_id}"')
+    if (
+        with_tokenizer
+    ):  # without trust_remote_code, AutoTokenizer waits 15 s on a y/N prompt for such a folder
+        lines.append("tokenizer = AutoTokenizer.from_pretrained(repo, trust_remote_code=True)")
+    lines.append(f"model = {auto}.from_pretrained(repo, trust_remote_code=True).eval()")
+    lines.append("with torch.no_grad():")
+    if not with_tokenizer:  # ids of the model's own vocabulary stand in for a tokenizer's output
+        usage = (
+            usage.split("\n", 1)[1]
+            .replace("**inputs", "input_ids=input_ids")
+            .replace('inputs["input_ids"]', "input_ids")
+        )
+        usage = "input_ids = torch.tensor([[5, 6, 7, 8]])  # this repository has no tokenizer\n" + usage
+        usage = usage.replace("tokenizer.decode(", "(")
+    lines += ["    " + line for line in usage.splitlines()]
+    return tag, "\n".join(lines)
+
+
+LAYER_TEXT = {
+    "full_attention": "every token",
+    "sliding_attention": "the tokens within {w} positions",
+    "sliding_global_attention": "the tokens within {w} positions, and the global tokens (global tokens see everything)",
+    "bigbird_attention": "a window of {w}, the global tokens and {r} random blocks of {b} tokens (BigBird)",
+}
+
+
+def _layer_rows(config) -> list[tuple[str, str, str]]:
+    rows = []
+    types = list(config.layer_types) + list(getattr(config, "decoder_layer_types", None) or [])
+    for layer_type in dict.fromkeys(types):
+        where = [str(i) for i, t in enumerate(types) if t == layer_type]
+        text = LAYER_TEXT[layer_type].format(
+            w=config.sliding_window, r=config.num_random_blocks, b=config.attention_block_size
+        )
+        rows.append(
+            (
+                layer_type,
+                ", ".join(where),
+                text + (" (earlier tokens only)" if getattr(config, "causal", False) else ""),
+            )
+        )
+    return rows
+
+
+def card_for(
+    model,
+    *,
+    repo_id: str,
+    with_tokenizer: bool,
+    tags=(),
+    carried: ModelCard | None = None,
+    training_text: str | None = None,
+) -> ModelCard:
+    """swapformer's card for `model`; `carried`'s data/results metadata is kept, `training_text` (e.g.
+    Trainer's summary) becomes the training section."""
+    from ..configuration import capability_table_markdown
+
+    cfg = model.config
+    tag, usage = usage_snippet(model, repo_id, with_tokenizer)
+    old = carried.data.to_dict() if carried is not None else {}
+    data = ModelCardData(
+        library_name="transformers",
+        pipeline_tag=tag,
+        tags=list(
+            dict.fromkeys(["swapformer", cfg.model_type, "custom_code", *(old.get("tags") or []), *tags])
+        ),
+        model_name=repo_id.rsplit("/", 1)[-1],
+        **{k: v for k, v in old.items() if k in CARRIED_METADATA and k != "eval_results" and v},
+        eval_results=carried.data.eval_results if carried is not None else None,
+    )
+    results = [(r.metric_name or r.metric_type, r.metric_value) for r in (data.eval_results or [])]
+    layers = (
+        cfg.num_hidden_layers
+        if not cfg.is_encoder_decoder
+        else f"{cfg.num_hidden_layers} + {cfg.decoder_layers}"
+    )
+    return ModelCard.from_template(
+        data,
+        template_path=str(TEMPLATE),
+        model_name=repo_id.rsplit("/", 1)[-1],
+        description=f"A swapformer {('encoder-decoder' if cfg.is_encoder_decoder else 'decoder' if getattr(cfg, 'causal', False) else 'encoder')} model.",
+        usage=usage,
+        model_class=type(model).__name__,
+        model_type=cfg.model_type,
+        num_parameters=f"{sum(p.numel() for p in model.parameters()):,}",
+        layers=layers,
+        hidden_size=cfg.hidden_size,
+        heads=cfg.num_attention_heads,
+        kv_heads=cfg.num_key_value_heads,
+        positions=cfg.position_embedding_type,
+        norm=cfg.norm_type,
+        mlp=f"{cfg.mlp_type} ({cfg.hidden_act})",
+        vocab_size=cfg.vocab_size,
+        max_positions=cfg.max_position_embeddings,
+        attn=cfg._attn_implementation,
+        layer_count=len(cfg.layer_types) + len(getattr(cfg, "decoder_layer_types", None) or []),
+        layer_rows=_layer_rows(cfg),
+        backend_table=capability_table_markdown(),
+        results=results,
+        training_data=training_text or "Not recorded with this model; add what it was trained on.",
+        limitations="Whatever its training data and size imply; the card does not know them. A model saved "
+        "with swapformer behaves as the same transformers model would, on every attention backend.",
+    )
+
+
+def _has_tokenizer(folder) -> bool:
+    return any(os.path.isfile(os.path.join(folder, name)) for name in TOKENIZER_FILES)
+
+
+def write_card(model, folder, repo_id: str | None = None) -> bool:
+    """Write swapformer's card as `folder`/README.md; False (nothing written) when the folder holds a card
+    that someone wrote by hand."""
+    path = os.path.join(folder, "README.md")
+    carried = None
+    if os.path.isfile(path):
+        carried = ModelCard.load(path)
+        if not is_generated(carried.content):
+            return False
+    repo_id = repo_id or os.path.basename(os.path.normpath(str(folder)))
+    card_for(model, repo_id=repo_id, with_tokenizer=_has_tokenizer(folder), carried=carried).save(path)
+    return True
+
+
+# Preflight -----------------------------------------------------------------------------------------
+
+_CLEAN_LOAD = """
+import json, sys
+sys.modules["swapformer"] = None  # as on a machine without swapformer
+import transformers
+model = getattr(transformers, sys.argv[2]).from_pretrained(sys.argv[1], trust_remote_code=True)
+print(json.dumps({"class": type(model).__name__, "module": type(model).__module__}))
+"""
+
+
+def uploaded_files(folder, ignore=()) -> list[str]:
+    """Paths (relative, '/'-separated) of the files an upload of `folder` sends."""
+    files = []
+    for root, _dirs, names in os.walk(folder):
+        rel_root = os.path.relpath(root, folder)
+        for name in names:
+            rel = name if rel_root == "." else f"{rel_root}/{name}".replace(os.sep, "/")
+            if not any(fnmatch.fnmatch(rel, p) or fnmatch.fnmatch(rel.split("/")[0], p) for p in ignore):
+                files.append(rel)
+    return sorted(files)
+
+
+def preflight(folder, auto_class: str, *, ignore=()) -> None:
+    problems = []
+    files = uploaded_files(folder, ignore)
+    for rel in files:
+        parts = rel.split("/")
+        if any(fnmatch.fnmatch(part, p) for part in parts[:-1] for p in RESUME_FOLDERS) or any(
+            fnmatch.fnmatch(parts[-1], p) for p in RESUME_STATE
+        ):
+            problems.append(
+                f"{rel} is training state for resuming (optimizer, scheduler, RNG or a checkpoint)"
+            )
+    if "README.md" in files:
+        try:
+            card = ModelCard.load(os.path.join(folder, "README.md"))
+            ModelCardData(**card.data.to_dict())
+        except Exception as e:  # huggingface_hub raises several kinds for malformed metadata
+            problems.append(f"README.md metadata does not parse as a model card ({e})")
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+    run = subprocess.run(
+        [sys.executable, "-c", _CLEAN_LOAD, os.fspath(folder), auto_class],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+    )
+    if run.returncode != 0:
+        tail = " | ".join(run.stderr.strip().splitlines()[-3:])
+        problems.append(
+            f"the folder does not load with {auto_class}.from_pretrained(..., trust_remote_code=True) without swapformer: {tail}"
+        )
+    if problems:
+        raise PublishError(f"not uploaded: {folder} failed its preflight: " + "; ".join(problems))
+
+
+# Uploads ---------------------------------------------------------------------------------------------
+
+
+def _remote_card(api, repo_id: str, revision: str | None, token):
+    from huggingface_hub.utils import EntryNotFoundError
+
+    try:
+        return (
+            ModelCard.load(repo_id, token=token)
+            if api.file_exists(repo_id, "README.md", revision=revision)
+            else None
+        )
+    except EntryNotFoundError:
+        return None
+
+
+def push_model(
+    model,
+    repo_id: str,
+    *,
+    commit_message=None,
+    commit_description=None,
+    private=None,
+    token=None,
+    revision=None,
+    create_pr=False,
+    max_shard_size="50GB",
+    tags=None,
+):
+    """`model.push_to_hub`: one commit with the saved folder and swapformer's card (or the repository's
+    own card, when a user wrote it, with `tags` added), after `preflight`."""
+    from huggingface_hub import CommitOperationAdd, HfApi
+
+    api = HfApi(token=token)
+    repo_id = api.create_repo(repo_id, private=private, exist_ok=True).repo_id
+    remote = _remote_card(api, repo_id, revision, token)
+    with tempfile.TemporaryDirectory() as tmp:
+        model.save_pretrained(tmp, max_shard_size=max_shard_size)
+        readme = os.path.join(tmp, "README.md")
+        if remote is not None and not is_generated(remote.content):
+            remote.data.tags = list(dict.fromkeys([*(remote.data.tags or []), *(tags or [])]))
+            remote.save(readme)  # the user's text, as it is on the Hub
+        else:
+            with_tokenizer = api.file_exists(repo_id, "tokenizer_config.json", revision=revision)
+            card_for(
+                model, repo_id=repo_id, with_tokenizer=with_tokenizer, tags=tags or (), carried=remote
+            ).save(readme)
+        preflight(tmp, auto_class_of(model))
+        operations = [
+            CommitOperationAdd(path_in_repo=rel, path_or_fileobj=os.path.join(tmp, rel))
+            for rel in uploaded_files(tmp)
+        ]
+        return api.create_commit(
+            repo_id=repo_id,
+            operations=operations,
+            commit_message=commit_message or "Upload model",
+            commit_description=commit_description,
+            revision=revision,
+            create_pr=create_pr,
+        )
+
+
+def trainer_push_with_card(original):
+    """Wrap `Trainer.push_to_hub`: for a swapformer model (not a PEFT wrapper, whose card is PEFT's), the
+    card Trainer writes just before uploading becomes swapformer's card with Trainer's summary as its
+    training section, and the folder passes `preflight` first."""
+    from ..modeling.modeling_base import SwapformerPreTrainedModel
+
+    @functools.wraps(original)
+    def push_to_hub(self, *args, **kwargs):
+        model = self.accelerator.unwrap_model(self.model)
+        if not isinstance(model, SwapformerPreTrainedModel):
+            return original(self, *args, **kwargs)
+        trainer_card = type(self).create_model_card
+
+        def create_model_card(*card_args, **card_kwargs):
+            trainer_card(self, *card_args, **card_kwargs)
+            folder = self.args.output_dir
+            summary = ModelCard.load(os.path.join(folder, "README.md"))
+            text = summary.text.split("## Training procedure", 1)
+            training = "Trained with transformers' Trainer. " + (
+                "## Training procedure" + text[1] if len(text) > 1 else ""
+            )
+            card = card_for(
+                model,
+                repo_id=self.hub_model_id or os.path.basename(os.path.normpath(folder)),
+                with_tokenizer=_has_tokenizer(folder),
+                tags=summary.data.tags or (),
+                carried=summary,
+                training_text=training.replace("## ", "### "),
+            )
+            card.save(os.path.join(folder, "README.md"))
+            preflight(folder, auto_class_of(model), ignore=TRAINER_IGNORE)
+
+        self.create_model_card = create_model_card  # this call only
+        try:
+            return original(self, *args, **kwargs)
+        finally:
+            del self.create_model_card
+
+    push_to_hub._swapformer_card = True
+    return push_to_hub
+
+
+def install_trainer_hook() -> None:
+    """Wrap `transformers.Trainer.push_to_hub` once, if transformers' trainer module is imported."""
+    trainer_module = sys.modules.get("transformers.trainer")
+    if trainer_module is None:
+        return
+    trainer = trainer_module.Trainer
+    if not getattr(trainer.push_to_hub, "_swapformer_card", False):
+        trainer.push_to_hub = trainer_push_with_card(trainer.push_to_hub)
+
+
+__all__ = ["PublishError", "card_for", "install_trainer_hook", "preflight", "push_model", "write_card"]

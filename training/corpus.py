@@ -1,0 +1,193 @@
+"""The corpus and its deterministic train/validation/test split: the documents a run learns from.
+
+Documents come from (in order of precedence) `--data` text files, folders of them, or `datasets`
+datasets saved with `save_to_disk`; with no `--data`, from the Python standard library that runs
+swapformer (its `.py` sources, docstrings included; test suites and site-packages left out), which
+exists on every machine without a download.
+
+Documents are listed in sorted path order, and each goes to validation or training by a hash of its
+name, so the split depends neither on the file system's order nor on which other files exist.
+data.py turns the documents into token blocks and batches.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import pathlib
+import sys
+import sysconfig
+from dataclasses import dataclass
+
+from .args import TrainArgumentError
+
+TEXT_SUFFIXES = (".txt", ".md", ".rst", ".py", ".json", ".jsonl", ".csv", ".html", ".xml", ".tex")
+PIECE_CHARS = 20_000  # --data text files longer than this become several documents
+STDLIB_SKIP = {"site-packages", "dist-packages", "test", "tests", "idle_test", "__pycache__"}
+
+
+@dataclass
+class Document:
+    name: str  # a stable identifier: path relative to its root, or dataset row
+    text: str
+    # the split a `datasets` DatasetDict put it in ("train", "validation", "test"); None: the hash decides
+    split: str | None = None
+
+
+def stdlib_documents() -> list[Document]:
+    """The `.py` files of the running Python's standard library, sorted by relative path."""
+    root = pathlib.Path(sysconfig.get_paths()["stdlib"])
+    docs = []
+    for path in sorted(root.rglob("*.py")):
+        rel = path.relative_to(root)
+        if STDLIB_SKIP & set(rel.parts[:-1]):
+            continue
+        try:
+            docs.append(Document(rel.as_posix(), path.read_text(encoding="utf-8")))
+        except (UnicodeDecodeError, OSError):
+            continue  # a few files are not UTF-8; skipping them is as deterministic as reading them
+    return docs
+
+
+def is_saved_dataset(path: str) -> bool:
+    return os.path.isdir(path) and (
+        os.path.isfile(os.path.join(path, "dataset_info.json"))
+        or os.path.isfile(os.path.join(path, "dataset_dict.json"))
+    )
+
+
+def dataset_documents(path: str, text_column: str) -> list[Document]:
+    """Rows of a `datasets` Dataset saved with save_to_disk, or of the train, validation and test splits
+    of a DatasetDict (its validation split replaces the hashed hold-out; its test split is scored once,
+    after training)."""
+    from datasets import DatasetDict, load_from_disk
+
+    try:
+        ds = load_from_disk(path)
+    except Exception as e:  # datasets raises several types for a damaged folder; all mean the same here
+        raise TrainArgumentError(
+            f"--data {path!r} looks like a saved `datasets` dataset but cannot be read ({type(e).__name__}: {e}); "
+            "save it again with save_to_disk, or remove its dataset_info.json/dataset_dict.json to read it as "
+            "a folder of text files"
+        ) from e
+    name = os.path.basename(os.path.normpath(path))
+    if not isinstance(ds, DatasetDict):
+        return _rows(ds, path, text_column, name, None)
+    if "train" not in ds:
+        raise TrainArgumentError(f"--data {path!r} is a DatasetDict without a 'train' split: {list(ds)}")
+    validation = "validation" in ds
+    docs = _rows(
+        ds["train"],
+        path,
+        text_column,
+        f"{name}/train" if validation else name,
+        "train" if validation else None,
+    )
+    for split in ("validation", "test"):
+        if split in ds:
+            rows = _rows(ds[split], path, text_column, f"{name}/{split}", split)
+            if not rows:
+                raise TrainArgumentError(
+                    f"--data {path!r}: its {split!r} split has no text in column {text_column!r} "
+                    f"({len(ds[split])} rows); fill it, or drop the split from the DatasetDict"
+                )
+            docs += rows
+    return docs
+
+
+def _rows(ds, path: str, text_column: str, prefix: str, split: str | None) -> list[Document]:
+    if text_column not in ds.column_names:
+        raise TrainArgumentError(
+            f"--text-column {text_column!r} is not a column of --data {path!r}; columns: {ds.column_names}"
+        )
+    return [Document(f"{prefix}/{i}", text, split) for i, text in enumerate(ds[text_column]) if text]
+
+
+def path_documents(path: str) -> list[Document]:
+    """A text file, or every text file under a folder (sorted, by suffix in TEXT_SUFFIXES)."""
+    if os.path.isfile(path):
+        files, root = [pathlib.Path(path)], pathlib.Path(path).parent
+    else:
+        root = pathlib.Path(path)
+        files = sorted(p for p in root.rglob("*") if p.is_file() and p.suffix.lower() in TEXT_SUFFIXES)
+        if not files:
+            raise TrainArgumentError(f"--data {path!r} holds no text files ({', '.join(TEXT_SUFFIXES)})")
+    docs = []
+    for f in files:
+        try:
+            text = f.read_text(encoding="utf-8")
+        except UnicodeDecodeError as e:
+            raise TrainArgumentError(f"--data file {str(f)!r} is not UTF-8 text: {e}") from e
+        name = f.relative_to(root).as_posix()
+        pieces = _pieces(text, PIECE_CHARS)
+        docs += [Document(name if len(pieces) == 1 else f"{name}#{i}", p) for i, p in enumerate(pieces)]
+    return docs
+
+
+def _pieces(text: str, size: int) -> list[str]:
+    """`text` cut at line ends into pieces of about `size` characters (a long file, such as a single
+    corpus file, becomes many documents, so the split can hold some of it out)."""
+    pieces, current, length = [], [], 0
+    for line in text.splitlines(keepends=True):
+        current.append(line)
+        length += len(line)
+        if length >= size:
+            pieces.append("".join(current))
+            current, length = [], 0
+    if current:
+        pieces.append("".join(current))
+    return [p for p in pieces if p]
+
+
+def load_documents(data: list[str], text_column: str) -> tuple[list[Document], str]:
+    """All documents of the run and a short name of the corpus (for the model card)."""
+    if not data:
+        version = f"{sys.version_info[0]}.{sys.version_info[1]}"
+        return stdlib_documents(), f"python-{version}-stdlib"
+    docs = []
+    for path in data:
+        docs += dataset_documents(path, text_column) if is_saved_dataset(path) else path_documents(path)
+    if not docs:
+        raise TrainArgumentError(f"--data {data} holds no text")
+    return docs, "+".join(os.path.basename(os.path.normpath(p)) for p in data)
+
+
+def split_documents(
+    docs: list[Document], val_fraction: float, max_train_chars: int, max_val_chars: int
+) -> tuple[list[Document], list[Document]]:
+    """Train and validation documents (test documents are left out: `documents_of_test_split`). A document
+    a DatasetDict did not place is in validation when the hash of its name falls under `val_fraction`;
+    each side is then taken in hash order up to its character budget (0: all), so a budget picks a
+    spread-out sample rather than the first folders alphabetically."""
+
+    def rank(doc: Document) -> float:
+        return int.from_bytes(hashlib.sha1(doc.name.encode()).digest()[:8], "big") / 2**64
+
+    ranked = sorted((d for d in docs if d.split != "test"), key=lambda d: (rank(d), d.name))
+    val = [d for d in ranked if d.split == "validation" or (d.split is None and rank(d) < val_fraction)]
+    train = [d for d in ranked if d.split == "train" or (d.split is None and rank(d) >= val_fraction)]
+    if not val and len(train) > 1:  # few documents: hold the last one out rather than have no validation
+        val = [train.pop()]
+    if not val:
+        raise TrainArgumentError("--data has a single document; give at least two so one can be held out")
+    return _budget(train, max_train_chars), _budget(val, max_val_chars)
+
+
+def documents_of_test_split(docs: list[Document], max_chars: int) -> list[Document]:
+    """The test split's documents (DatasetDict test splits), in name order, within `max_chars`."""
+    return _budget(sorted((d for d in docs if d.split == "test"), key=lambda d: d.name), max_chars)
+
+
+def _budget(docs: list[Document], max_chars: int) -> list[Document]:
+    """Documents in order up to `max_chars` (0: all), each contributing at most a tenth of the budget
+    (its beginning), so one large file (a generated table, say) cannot make up a whole split."""
+    if not max_chars:
+        return docs
+    out, total, per_doc = [], 0, max(1, max_chars // 10)
+    for d in docs:
+        if total >= max_chars:
+            break
+        text = d.text[: min(per_doc, max_chars - total)]
+        out.append(Document(d.name, text))
+        total += len(text)
+    return out
