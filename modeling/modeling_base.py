@@ -22,7 +22,7 @@ from ..configuration.configuration_swapformer import SwapformerConfig
 from .attention import check_backend_for_model
 from .layers import RMSNorm
 from .remote_code import write_remote_code
-from .stack import static_key_slots
+from .cache import static_key_slots
 
 logger = logging.get_logger(__name__)
 

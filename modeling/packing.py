@@ -12,10 +12,10 @@ the previous real token's plus one, so the left-padded `position_ids` generate()
 padding) are one sequence, as they should be.
 
 The result is a `PackedSequences` value (per token: its sequence's number, first real token and
-real length) that the stack builds once per forward and puts into every attention pattern (masks.py), so every backend
-keeps the sequences apart by construction. A cache cannot continue packed rows (which sequence
-would a new token extend?): packing needs an empty cache, and a cache filled from packed rows
-refuses to be extended.
+real length) that is found once per forward (positions.py) and put into every attention pattern
+(masks.py), so every backend keeps the sequences apart by construction. A cache cannot continue packed
+rows (which sequence would a new token extend?): packing needs an empty cache, and a cache filled from
+packed rows refuses to be extended (cache.py).
 """
 
 from __future__ import annotations
@@ -23,10 +23,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-
-# Set on a transformers Cache filled from packed rows, so a later step cannot extend it silently.
-PACKED_CACHE_FLAG = "_swapformer_packed_rows"
-
 
 @dataclass(frozen=True)
 class PackedSequences:
@@ -227,20 +223,6 @@ def find_packed_sequences(
             "empty one), or pad the sequences into separate rows for cached decoding"
         )
     return PackedSequences.from_starts(sources[names[0]], valid)
-
-
-def check_cache_not_packed(cache, past: int, prefix: str = "") -> None:
-    """A cache filled from packed rows cannot be extended (no new token knows its sequence)."""
-    if getattr(cache, PACKED_CACHE_FLAG, False) and (not isinstance(past, int) or past > 0):
-        raise ValueError(
-            f"This cache was filled from packed rows (several sequences per row, marked by {prefix}position_ids "
-            "or cu_seq_lens); it cannot be extended. For cached decoding and generate(), give one sequence per "
-            "row (pad them) instead of packing them"
-        )
-
-
-def mark_cache_packed(cache) -> None:
-    setattr(cache, PACKED_CACHE_FLAG, True)
 
 
 def check_cross_packing(queries: PackedSequences | None, keys: PackedSequences | None, batch: int) -> None:
