@@ -218,7 +218,9 @@ class CacheView:
         length, offset = self.cache.get_mask_sizes(new_tokens, layer_idx)
         return KeyGeometry(length, offset, getattr(cache_layer(self.cache, layer_idx), "key_prefix", 0))
 
-    def plan_global_window(self, layer_indices, window: int, global_tokens: int, is_global, key_valid) -> None:
+    def plan_global_window(
+        self, layer_indices, window: int, global_tokens: int, is_global, key_valid
+    ) -> None:
         """Tell the window + global cache layers among `layer_indices` which leading tokens to keep:
         those holding every global token `is_global` (B, S) marks. Under compile they keep everything
         (`keep=None`): dropping keys is a data-dependent decision, and keeping them is always correct."""
@@ -239,7 +241,9 @@ class CacheView:
         Under torch.compile this is not checked (README: packed sequences)."""
         if self.cache is None or torch.compiler.is_compiling():
             return
-        if getattr(self.cache, PACKED_CACHE_FLAG, False) and (not isinstance(self.past, int) or self.past > 0):
+        if getattr(self.cache, PACKED_CACHE_FLAG, False) and (
+            not isinstance(self.past, int) or self.past > 0
+        ):
             raise ValueError(
                 f"This cache was filled from packed rows (several sequences per row, marked by {prefix}position_ids "
                 "or cu_seq_lens); it cannot be extended. For cached decoding and generate(), give one sequence per "

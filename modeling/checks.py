@@ -10,6 +10,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+
 def validate_inputs(
     config,
     *,

@@ -18,8 +18,8 @@ from transformers.modeling_layers import GradientCheckpointingLayer
 
 from ..configuration.backends import LAYER_TYPE_PATTERN
 from ..configuration.configuration_swapformer import GLOBAL_KINDS
-from .attention import attention_probabilities, attention_weights, call_attention, repeat_kv
-from .masks import AttentionPattern
+from .attention import attention_weights, call_attention
+from .global_rows import global_rows
 from .plan import LayerPlan
 from .positions import apply_rope
 
@@ -219,53 +219,9 @@ class Attention(nn.Module):
             # Fast kernels do not return probabilities: recompute them for this layer only.
             weights = attention_weights(self, q, k, plan.pattern, self.scaling).to(q.dtype)
         if self.global_projections and plan.pattern.global_queries is not None:
-            out, weights = self._global_rows(hidden_states, out, weights, plan.pattern, plan.rope)
+            out, weights = global_rows(self, hidden_states, out, weights, plan.pattern, plan.rope)
         out = self.o_proj(out.reshape(b, t, -1))  # (B, T, E)
         return out, (weights if output_attentions else None)
-
-    def _global_rows(self, hidden_states, out, weights, pattern: AttentionPattern, rope):
-        """Replace the rows of the global queries in `out` (B, T, H, D), and in `weights` (B, H, T, S)
-        when given, by attention through the global projections (Longformer's global attention).
-
-        Computed here, outside the backend, as a small dense attention of the R gathered global rows
-        over all S keys (O(R * S)), with eager's math: the same on every backend. The backend got a
-        mask without global query rows (the stack lowers one without them), so it pays nothing for
-        rows that are replaced. Under torch.compile every row is computed (R = T): how many rows are
-        global depends on the data.
-        """
-        flags = pattern.global_queries  # (B, T)
-        b, t, e = hidden_states.shape
-        if torch.compiler.is_compiling():
-            rows = torch.arange(t, device=flags.device).expand(b, t)
-        else:
-            if not bool(flags.any()):
-                return out, weights
-            count = int(flags.sum(-1).max())
-            rows = torch.argsort((~flags).to(torch.int8), dim=-1, stable=True)[:, :count]  # (B, R)
-        present = torch.gather(flags, 1, rows)  # (B, R) False where a row has fewer global tokens
-        r = rows.shape[1]
-        picked = torch.gather(hidden_states, 1, rows[..., None].expand(b, r, e))
-        q = self.q_global_proj(picked).view(b, r, -1, self.head_dim).transpose(1, 2)  # (B, H, R, D)
-        k = self.k_global_proj(hidden_states).view(b, t, -1, self.head_dim).transpose(1, 2)  # (B, K, S, D)
-        v = self.v_global_proj(hidden_states).view(b, t, -1, self.head_dim).transpose(1, 2)
-        if rope is not None:
-            cos, sin = rope
-            pick = lambda x: torch.gather(x, 1, rows[..., None].expand(b, r, x.shape[-1]))  # noqa: E731
-            q, k = apply_rope(q, pick(cos), pick(sin)), apply_rope(k, cos, sin)
-        mask = pattern.rows_additive(rows, torch.float32)
-        mask = mask.masked_fill(~present[:, None, :, None], float("-inf"))  # (B, 1 or H, R, S)
-        probs = attention_probabilities(self, q, k, mask, self.scaling).to(q.dtype)  # (B, H, R, S)
-        dropped = nn.functional.dropout(probs, p=self.attention_dropout, training=self.training)
-        rows_out = torch.matmul(dropped, repeat_kv(v, self.num_key_value_groups))  # (B, H, R, D)
-        rows_out = rows_out.transpose(1, 2)
-        index = rows[:, :, None, None].expand(b, r, *out.shape[2:])
-        keep = present[:, :, None, None]
-        out = out.scatter(1, index, torch.where(keep, rows_out, torch.gather(out, 1, index)))
-        if weights is not None:
-            index = rows[:, None, :, None].expand(b, weights.shape[1], r, weights.shape[-1])
-            new = torch.where(keep.transpose(1, 2), probs.to(weights.dtype), torch.gather(weights, 2, index))
-            weights = weights.scatter(2, index, new)
-        return out, weights
 
 
 # Block ---------------------------------------------------------------------------------------------

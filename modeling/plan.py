@@ -33,7 +33,7 @@ class LayerPlan:
 
     Attributes:
         pattern: which keys each query may see; also read to recompute weights for `output_attentions`
-            and by Longformer's global rows (layers.Attention._global_rows).
+            and by Longformer's global rows (global_rows.py).
         backend: the backend that runs these layers, and `attention_fn` its function in transformers'
             `ALL_ATTENTION_FUNCTIONS` (eager's when none is registered under the name).
         mask: the pattern lowered for the backend (masks.py), and `kernel_kwargs` what its kernel takes
@@ -108,8 +108,12 @@ class ForwardPlan:
         }
         cross = {}
         if encoder_hidden_states is not None:
-            pattern = cross_attention_pattern(positions, encoder_hidden_states, encoder_attention_mask, encoder_packing)
-            cross = {lt: LayerPlan.make(lt, pattern, pattern, backends[lt], dtype, None, cache) for lt in patterns}
+            pattern = cross_attention_pattern(
+                positions, encoder_hidden_states, encoder_attention_mask, encoder_packing
+            )
+            cross = {
+                lt: LayerPlan.make(lt, pattern, pattern, backends[lt], dtype, None, cache) for lt in patterns
+            }
         return cls(positions, rope, layers, cross)
 
 
@@ -125,7 +129,9 @@ def self_attention_pattern(stack, layer_type: str, pos: Positions, cache: CacheV
     is_global = global_tokens(config, kind, pos, global_mask)
     if kind == "sliding_global":
         indices = [i for i, other in enumerate(stack.layer_types) if other == layer_type]
-        cache.plan_global_window(indices, config.sliding_window, config.global_tokens, is_global, pos.key_valid)
+        cache.plan_global_window(
+            indices, config.sliding_window, config.global_tokens, is_global, pos.key_valid
+        )
     keys = cache.key_geometry(stack.layer_types.index(layer_type), pos.length)
     index = AttentionPattern.keys_at(torch.arange(keys.length, device=pos.device), keys.offset, keys.prefix)
     valid = select_keys(pos.key_valid, index, False)
@@ -138,7 +144,8 @@ def self_attention_pattern(stack, layer_type: str, pos: Positions, cache: CacheV
     if pos.packing is not None:
         packed = (pos.packing.ids, pos.packing.starts, pos.packing.lengths)
         extra.update(
-            query_packing=pos.packing, key_packing=PackedSequences(*(select_keys(x, index, -1) for x in packed))
+            query_packing=pos.packing,
+            key_packing=PackedSequences(*(select_keys(x, index, -1) for x in packed)),
         )
     if kind == "bigbird":
         extra.update(random_blocks(config, stack.causal, pos, keys))
@@ -227,7 +234,7 @@ def cross_attention_pattern(pos: Positions, encoder_hidden_states, encoder_atten
 def pattern_for_backend(stack, layer_type: str, pattern: AttentionPattern) -> AttentionPattern:
     """The pattern the backend's mask is lowered from: with `global_projections`, the global query
     rows are left out (their every-key rows would be computed and thrown away), since the layers
-    replace those rows by attention through the global projections (layers.Attention._global_rows)."""
+    replace those rows by attention through the global projections (global_rows.py)."""
     if not stack.config.global_projections or stack.causal or pattern.global_queries is None:
         return pattern
     if LAYER_TYPE_PATTERN[layer_type] not in GLOBAL_KINDS:

@@ -131,7 +131,8 @@ class StackMixin:
         packing_inputs: dict | None = None,
         encoder_packing: PackedSequences | None = None,
     ):
-        """Run the stack.
+        """Run the stack: check the inputs, find their positions, embed them, make the forward's plan,
+        run the blocks.
 
         Args:
             input_ids: (B, T) token ids, or `inputs_embeds` (B, T, E).
@@ -152,33 +153,16 @@ class StackMixin:
             cross-attention weights or None).
         """
         cache = CacheView.of(self.cache_unless_checkpointing(cache))
-        span = validate_inputs(
-            self.config,
+        positions, global_mask = self.checked_positions(
+            cache,
             input_ids=input_ids,
             inputs_embeds=inputs_embeds,
             attention_mask=attention_mask,
             position_ids=position_ids,
-            past_length=cache.past,
-            key_slots=cache.key_slots,
-            prefix=input_prefix,
-        )
-        ref = input_ids if input_ids is not None else inputs_embeds
-        batch, length = ref.shape[:2]
-        global_mask = check_global_mask(global_attention_mask, batch, cache.past, length, span, input_prefix)
-        cache.refuse_if_packed(input_prefix)
-        positions = Positions.of(
-            batch=batch,
-            length=length,
-            past=cache.past,
-            span=span,
-            device=ref.device,
-            attention_mask=attention_mask,
-            position_ids=position_ids,
+            global_attention_mask=global_attention_mask,
             packing_inputs=packing_inputs or {},
             prefix=input_prefix,
         )
-        if positions.packing is not None:
-            cache.mark_packed()  # so that it is never extended
         h = self.embed(input_ids, inputs_embeds, token_type_ids, positions.query)
         plan = ForwardPlan.build(
             self,
@@ -192,7 +176,53 @@ class StackMixin:
         )
         return self.run_layers(h, plan, encoder_hidden_states, output_attentions, output_hidden_states)
 
-    def run_layers(self, h, plan: ForwardPlan, encoder_hidden_states, output_attentions, output_hidden_states):
+    def checked_positions(
+        self,
+        cache: CacheView,
+        *,
+        input_ids,
+        inputs_embeds,
+        attention_mask,
+        position_ids,
+        global_attention_mask,
+        packing_inputs,
+        prefix,
+    ) -> tuple[Positions, torch.Tensor | None]:
+        """Check the inputs against the config and the cache; return their `Positions` and the
+        `global_attention_mask` padded to the key span. A cache that receives packed rows is marked so
+        that it is never extended."""
+        span = validate_inputs(
+            self.config,
+            input_ids=input_ids,
+            inputs_embeds=inputs_embeds,
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+            past_length=cache.past,
+            key_slots=cache.key_slots,
+            prefix=prefix,
+        )
+        ref = input_ids if input_ids is not None else inputs_embeds
+        batch, length = ref.shape[:2]
+        global_mask = check_global_mask(global_attention_mask, batch, cache.past, length, span, prefix)
+        cache.refuse_if_packed(prefix)
+        positions = Positions.of(
+            batch=batch,
+            length=length,
+            past=cache.past,
+            span=span,
+            device=ref.device,
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+            packing_inputs=packing_inputs,
+            prefix=prefix,
+        )
+        if positions.packing is not None:
+            cache.mark_packed()
+        return positions, global_mask
+
+    def run_layers(
+        self, h, plan: ForwardPlan, encoder_hidden_states, output_attentions, output_hidden_states
+    ):
         """The blocks, the final norm; (last hidden state, all hidden states, self- and cross-attention
         weights), the last three None unless asked for."""
         all_hidden = [] if output_hidden_states else None
@@ -234,5 +264,7 @@ class StackMixin:
             return cache
         if not any(block.gradient_checkpointing for block in self.layers):
             return cache
-        logger.warning_once("Caching is incompatible with gradient checkpointing in Block. Setting `cache=None`.")
+        logger.warning_once(
+            "Caching is incompatible with gradient checkpointing in Block. Setting `cache=None`."
+        )
         return None
