@@ -131,8 +131,7 @@ class StackMixin:
         packing_inputs: dict | None = None,
         encoder_packing: PackedSequences | None = None,
     ):
-        """Run the stack: check the inputs, find their positions, embed them, make the forward's plan,
-        run the blocks.
+        """Check the inputs, find their positions, embed them, make the forward's plan, run the blocks.
 
         Args:
             input_ids: (B, T) token ids, or `inputs_embeds` (B, T, E).
@@ -149,8 +148,7 @@ class StackMixin:
                 `position_ids` alone mark packed sequences too).
             encoder_packing: the packed sequences of the encoder input, for cross-attention.
         Returns:
-            (last hidden state, all hidden states or None, self-attention weights or None,
-            cross-attention weights or None).
+            (last hidden state, all hidden states, self- and cross-attention weights; None unless asked).
         """
         cache = CacheView.of(self.cache_unless_checkpointing(cache))
         positions, global_mask = self.checked_positions(
