@@ -53,7 +53,8 @@ class LayerPlan:
 
     @classmethod
     def make(cls, layer_type, pattern, lowered_from, backend, dtype, rope, cache) -> LayerPlan:
-        """Lower `lowered_from` (`pattern`, or a part of it the backend computes) for `backend`."""
+        """The plan of `pattern` on `backend`, whose mask is lowered from `lowered_from`: `pattern`, or
+        `pattern` less the rows the layer computes itself (`pattern_for_backend`)."""
         mask, kernel_kwargs = lower_mask(lowered_from, backend, dtype), {}
         if isinstance(mask, KernelMask):
             mask, kernel_kwargs = mask.mask, mask.kwargs
