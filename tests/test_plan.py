@@ -2,8 +2,9 @@
 must not write the cache a second time."""
 
 import torch
-from conftest import LM_CLASSES, build, padded_batch, tiny_config
 from transformers import DynamicCache
+
+from conftest import LM_CLASSES, build, padded_batch, tiny_config
 
 
 def test_checkpointed_training_leaves_a_passed_cache_unwritten():
