@@ -120,7 +120,7 @@ def test_flat_files_only_use_single_dot_imports():
             if stripped.startswith("from ."):
                 target = stripped.split()[1][1:] + ".py"
                 assert target in files, (name, line)
-    assert "ALL_ATTENTION_FUNCTIONS.get_interface(" in files["layers.py"]
+    assert "ALL_ATTENTION_FUNCTIONS.get_interface(" in files["plan.py"]
 
 
 def test_saved_folder_is_safetensors_only(tmp_path):
