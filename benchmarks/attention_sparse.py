@@ -24,6 +24,7 @@ size with attention_window=512 (the same +-256 window) and the first token globa
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import subprocess
@@ -96,10 +97,8 @@ def make_pattern(n: int, kind: str, globals_: int = GLOBALS) -> AttentionPattern
     )
     if kind == "bigbird":
         starts = torch.zeros(1, n, dtype=torch.long)
-        pattern.random_table, pattern.random_index = random_layouts(
-            0, starts + n, -(-n // BLOCK), BLOCK, RANDOM, causal=False
-        )
-        pattern.random_start = starts
+        table, index = random_layouts(0, starts + n, -(-n // BLOCK), BLOCK, RANDOM, causal=False)
+        pattern = dataclasses.replace(pattern, random_table=table, random_index=index, random_start=starts)
     return pattern
 
 

@@ -3,34 +3,25 @@
 Shape legend: B batch, T query length, S key length, E hidden size, H query heads, K key/value
 heads, D head dim.
 
-The encoder, the decoder and both halves of the encoder-decoder are the same `Stack` of the same
-`Block`s with two switches: causal self-attention, and cross-attention. A stack computes positions
-and masks once per forward; a block projects, applies positions, updates the cache and calls the
-attention function registered for `config._attn_implementation`.
+The encoder, the decoder and both halves of the encoder-decoder are the same stack (stack.py) of the
+same `Block`s with two switches: causal self-attention, and cross-attention. The stack makes the
+forward's plan (plan.py); a block's attention projects, rotates, appends to the cache and calls the
+attention function its `LayerPlan` holds, with the mask lowered for it.
 """
 
 from __future__ import annotations
 
-import math
-from collections.abc import Callable
-
 import torch
 from torch import nn
-from transformers.cache_utils import Cache, EncoderDecoderCache
 from transformers.modeling_layers import GradientCheckpointingLayer
-from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
 from ..configuration.backends import LAYER_TYPE_PATTERN
 from ..configuration.configuration_swapformer import GLOBAL_KINDS
-from .attention import (
-    attention_probabilities,
-    attention_weights,
-    call_attention,
-    eager_attention_forward,
-    repeat_kv,
-)
-from .hf_compat import ACT2FN, ALL_ATTENTION_FUNCTIONS
-from .masks import AttentionPattern, KernelMask
+from .attention import attention_weights, call_attention
+from .global_rows import global_rows
+from .hf_compat import ACT2FN
+from .plan import LayerPlan
+from .positions import apply_rope
 
 # Norms ---------------------------------------------------------------------------------------------
 
@@ -129,108 +120,6 @@ class MLP(nn.Module):
         return self.down_proj(self.dropout(h))
 
 
-# Positions -----------------------------------------------------------------------------------------
-
-
-def rope_frequencies(config, positions: torch.Tensor) -> tuple[torch.Tensor, float | torch.Tensor]:
-    """(D/2,) inverse frequencies of `config.rope_parameters`, and the factor cos and sin are scaled by.
-
-    The scaled kinds come from transformers' own `ROPE_INIT_FUNCTIONS`, so they are Llama's, bit for bit.
-    "dynamic" (NTK) takes the longest position of this forward (integer positions (B, T)), as Llama's
-    rotary embedding does while a sequence grows; it keeps no state between calls, so a batch shorter
-    than an earlier one gets its own frequencies back (Llama keeps the longer ones until the length falls
-    under `max_position_embeddings`). Computed per forward: no buffer to lose when loading.
-    """
-    params = config.rope_parameters
-    rope_type = params.get("rope_type", "default")
-    if rope_type == "default":
-        d = config.head_dim
-        exponents = torch.arange(0, d, 2, device=positions.device, dtype=torch.float) / d
-        return 1.0 / (params["rope_theta"] ** exponents), 1.0
-    seq_len = positions.max() + 1 if rope_type == "dynamic" else None
-    return ROPE_INIT_FUNCTIONS[rope_type](config, positions.device, seq_len=seq_len)
-
-
-def rope_cos_sin(positions: torch.Tensor, config, dtype: torch.dtype):
-    """cos, sin of shape (B, T, D) for integer positions (B, T); the halves layout of Llama."""
-    inv_freq, scale = rope_frequencies(config, positions)
-    angles = positions[..., None].float() * inv_freq.float()  # (B, T, D/2)
-    angles = torch.cat((angles, angles), dim=-1)
-    return (angles.cos() * scale).to(dtype), (angles.sin() * scale).to(dtype)
-
-
-def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate (B, heads, T, D) by the angles of (B, T, D)."""
-    cos, sin = cos[:, None], sin[:, None]
-    half = x.shape[-1] // 2
-    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-    return x * cos + rotated * sin
-
-
-def sinusoidal_embedding(positions: torch.Tensor, dim: int, dtype: torch.dtype) -> torch.Tensor:
-    """Fixed sin/cos position features (Vaswani et al. 2017), (B, T) -> (B, T, E).
-
-    Laid out as [sin | cos] halves (the fairseq/Marian layout), computed on the fly so there is no
-    buffer to lose when loading.
-    """
-    half = dim // 2
-    freq = torch.exp(
-        torch.arange(half, device=positions.device, dtype=torch.float)
-        * -(math.log(10000.0) / max(half - 1, 1))
-    )
-    angles = positions[..., None].float() * freq
-    emb = torch.cat((angles.sin(), angles.cos()), dim=-1)
-    if dim % 2:
-        emb = nn.functional.pad(emb, (0, 1))
-    return emb.to(dtype)
-
-
-def alibi_slopes(num_heads: int) -> torch.Tensor:
-    """Head slopes of ALiBi (https://arxiv.org/abs/2108.12409): a geometric sequence starting at
-    2^(-8/n) for n a power of two; otherwise the power of two below, then every other slope of the
-    next power of two."""
-
-    def geometric(n: int) -> list[float]:
-        start = 2.0 ** (-8.0 / n)
-        return [start ** (i + 1) for i in range(n)]
-
-    low = 2 ** math.floor(math.log2(num_heads))
-    slopes = geometric(low)
-    if low < num_heads:
-        slopes += geometric(2 * low)[0::2][: num_heads - low]
-    return torch.tensor(slopes, dtype=torch.float)
-
-
-def alibi_bias(query_pos: torch.Tensor, key_pos: torch.Tensor, num_heads: int, causal: bool) -> torch.Tensor:
-    """Broadcastable query and key positions -> (..., H): -slope * distance (|q - k| when bidirectional)."""
-    distance = (query_pos - key_pos).float()
-    distance = distance.clamp(min=0) if causal else distance.abs()
-    return -distance[..., None] * alibi_slopes(num_heads).to(distance.device)
-
-
-def relative_position_bucket(
-    relative: torch.Tensor, *, bidirectional: bool, num_buckets: int, max_distance: int
-):
-    """T5's bucketing of key - query offsets (https://arxiv.org/abs/1910.10683, section 2.1).
-
-    Offsets below `num_buckets // 2` (per direction) get a bucket each; larger ones share
-    logarithmically wider buckets up to `max_distance`, beyond which all share the last bucket.
-    Bidirectional attention spends half the buckets on keys after the query.
-    """
-    buckets = torch.zeros_like(relative)
-    if bidirectional:
-        num_buckets //= 2
-        buckets = buckets + (relative > 0).long() * num_buckets
-        distance = relative.abs()
-    else:
-        distance = (-relative).clamp(min=0)
-    exact = num_buckets // 2
-    log_ratio = torch.log(distance.float().clamp(min=1) / exact) / math.log(max_distance / exact)
-    far = exact + (log_ratio * (num_buckets - exact)).long()
-    far = far.clamp(max=num_buckets - 1)
-    return buckets + torch.where(distance < exact, distance, far)
-
-
 # Attention -----------------------------------------------------------------------------------------
 
 
@@ -291,54 +180,31 @@ class Attention(nn.Module):
         hidden_states: torch.Tensor,
         attention_mask,
         *,
-        pattern: AttentionPattern | None = None,
-        rope: tuple[torch.Tensor, torch.Tensor] | None = None,
+        plan: LayerPlan,
         key_value_states: torch.Tensor | None = None,
-        cache: Cache | None = None,
         output_attentions: bool = False,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """
         Args:
             hidden_states: (B, T, E).
-            attention_mask: the mask lowered for this layer's backend (see masks.py).
-            pattern: the pattern it was lowered from, to recompute weights for `output_attentions`.
-            rope: (cos, sin), each (B, T, D).
+            attention_mask: `plan.mask`, handed over as an argument of the block (see Block.forward).
+            plan: this layer type's plan for this forward (plan.py).
             key_value_states: (B, S, E) encoder output, for cross-attention.
         """
         b, t, _ = hidden_states.shape
         q = self.q_proj(hidden_states).view(b, t, -1, self.head_dim).transpose(1, 2)  # (B, H, T, D)
-
-        layer_cache = cache
-        if isinstance(cache, EncoderDecoderCache):
-            layer_cache = (
-                cache.cross_attention_cache if self.is_cross_attention else cache.self_attention_cache
-            )
         if self.is_cross_attention:
-            # Encoder keys/values are computed once and reused at every decoding step.
-            if cache is not None and cache.is_updated.get(self.layer_idx):
-                k, v = layer_cache.layers[self.layer_idx].keys, layer_cache.layers[self.layer_idx].values
-            else:
-                k, v = self._project_kv(key_value_states)
-                if cache is not None:
-                    k, v = layer_cache.update(k, v, self.layer_idx)
-                    cache.is_updated[self.layer_idx] = True
+            k, v = plan.cache.cross_keys_values(self.layer_idx, lambda: self._project_kv(key_value_states))
         else:
             k, v = self._project_kv(hidden_states)
-            if rope is not None:
-                q, k = apply_rope(q, *rope), apply_rope(k, *rope)
-            if layer_cache is not None:
-                k, v = layer_cache.update(k, v, self.layer_idx)
+            if plan.rope is not None:
+                q, k = apply_rope(q, *plan.rope), apply_rope(k, *plan.rope)
+            k, v = plan.cache.append(k, v, self.layer_idx)
 
-        attention_fn: Callable = ALL_ATTENTION_FUNCTIONS.get_interface(
-            self.config._attn_implementation, eager_attention_forward
-        )
-        kernel_kwargs = {}
-        if isinstance(attention_mask, KernelMask):  # e.g. flash's varlen boundaries of packed rows
-            attention_mask, kernel_kwargs = attention_mask.mask, attention_mask.kwargs
         out, weights = call_attention(
-            attention_fn,
-            self.config.backend_for(self.layer_type),
-            pattern.kind if pattern is not None else "full",
+            plan.attention_fn,
+            plan.backend,
+            plan.pattern.kind,
             self,
             q,
             k,
@@ -347,59 +213,15 @@ class Attention(nn.Module):
             scaling=self.scaling,
             dropout=self.attention_dropout if self.training else 0.0,
             sliding_window=self.sliding_window,
-            **kernel_kwargs,
+            **plan.kernel_kwargs,
         )
         if output_attentions and weights is None:
             # Fast kernels do not return probabilities: recompute them for this layer only.
-            weights = attention_weights(self, q, k, pattern, self.scaling).to(q.dtype)
-        if self.global_projections and pattern is not None and pattern.global_queries is not None:
-            out, weights = self._global_rows(hidden_states, out, weights, pattern, rope)
+            weights = attention_weights(self, q, k, plan.pattern, self.scaling).to(q.dtype)
+        if self.global_projections and plan.pattern.global_queries is not None:
+            out, weights = global_rows(self, hidden_states, out, weights, plan.pattern, plan.rope)
         out = self.o_proj(out.reshape(b, t, -1))  # (B, T, E)
         return out, (weights if output_attentions else None)
-
-    def _global_rows(self, hidden_states, out, weights, pattern: AttentionPattern, rope):
-        """Replace the rows of the global queries in `out` (B, T, H, D), and in `weights` (B, H, T, S)
-        when given, by attention through the global projections (Longformer's global attention).
-
-        Computed here, outside the backend, as a small dense attention of the R gathered global rows
-        over all S keys (O(R * S)), with eager's math: the same on every backend. The backend got a
-        mask without global query rows (the stack lowers one without them), so it pays nothing for
-        rows that are replaced. Under torch.compile every row is computed (R = T): how many rows are
-        global depends on the data.
-        """
-        flags = pattern.global_queries  # (B, T)
-        b, t, e = hidden_states.shape
-        if torch.compiler.is_compiling():
-            rows = torch.arange(t, device=flags.device).expand(b, t)
-        else:
-            if not bool(flags.any()):
-                return out, weights
-            count = int(flags.sum(-1).max())
-            rows = torch.argsort((~flags).to(torch.int8), dim=-1, stable=True)[:, :count]  # (B, R)
-        present = torch.gather(flags, 1, rows)  # (B, R) False where a row has fewer global tokens
-        r = rows.shape[1]
-        picked = torch.gather(hidden_states, 1, rows[..., None].expand(b, r, e))
-        q = self.q_global_proj(picked).view(b, r, -1, self.head_dim).transpose(1, 2)  # (B, H, R, D)
-        k = self.k_global_proj(hidden_states).view(b, t, -1, self.head_dim).transpose(1, 2)  # (B, K, S, D)
-        v = self.v_global_proj(hidden_states).view(b, t, -1, self.head_dim).transpose(1, 2)
-        if rope is not None:
-            cos, sin = rope
-            pick = lambda x: torch.gather(x, 1, rows[..., None].expand(b, r, x.shape[-1]))  # noqa: E731
-            q, k = apply_rope(q, pick(cos), pick(sin)), apply_rope(k, cos, sin)
-        mask = pattern.rows_additive(rows, torch.float32)
-        mask = mask.masked_fill(~present[:, None, :, None], float("-inf"))  # (B, 1 or H, R, S)
-        probs = attention_probabilities(self, q, k, mask, self.scaling).to(q.dtype)  # (B, H, R, S)
-        dropped = nn.functional.dropout(probs, p=self.attention_dropout, training=self.training)
-        rows_out = torch.matmul(dropped, repeat_kv(v, self.num_key_value_groups))  # (B, H, R, D)
-        rows_out = rows_out.transpose(1, 2)
-        index = rows[:, :, None, None].expand(b, r, *out.shape[2:])
-        keep = present[:, :, None, None]
-        out = out.scatter(1, index, torch.where(keep, rows_out, torch.gather(out, 1, index)))
-        if weights is not None:
-            index = rows[:, None, :, None].expand(b, weights.shape[1], r, weights.shape[-1])
-            new = torch.where(keep.transpose(1, 2), probs.to(weights.dtype), torch.gather(weights, 2, index))
-            weights = weights.scatter(2, index, new)
-        return out, weights
 
 
 # Block ---------------------------------------------------------------------------------------------
@@ -444,25 +266,20 @@ class Block(GradientCheckpointingLayer):
         self,
         hidden_states: torch.Tensor,
         attention_mask=None,
-        rope: tuple[torch.Tensor, torch.Tensor] | None = None,
         encoder_hidden_states: torch.Tensor | None = None,
         encoder_attention_mask=None,
-        pattern: AttentionPattern | None = None,
-        cross_pattern: AttentionPattern | None = None,
-        cache: Cache | None = None,
+        *,
+        plan: LayerPlan,
+        cross_plan: LayerPlan | None = None,
         output_attentions: bool = False,
     ):
+        """`attention_mask` and `encoder_attention_mask` are `plan.mask` and `cross_plan.mask`, passed
+        positionally with the hidden states: a trained position bias (T5) is in the mask, and activation
+        checkpointing tracks the gradients of positional tensors only."""
         h, self_weights = self._residual(
             hidden_states,
             self.self_attn_norm,
-            lambda x: self.self_attn(
-                x,
-                attention_mask,
-                pattern=pattern,
-                rope=rope,
-                cache=cache,
-                output_attentions=output_attentions,
-            ),
+            lambda x: self.self_attn(x, attention_mask, plan=plan, output_attentions=output_attentions),
         )
         cross_weights = None
         if self.cross_attn is not None:
@@ -472,9 +289,8 @@ class Block(GradientCheckpointingLayer):
                 lambda x: self.cross_attn(
                     x,
                     encoder_attention_mask,
-                    pattern=cross_pattern,
+                    plan=cross_plan,
                     key_value_states=encoder_hidden_states,
-                    cache=cache,
                     output_attentions=output_attentions,
                 ),
             )

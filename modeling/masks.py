@@ -116,9 +116,10 @@ class KernelMask:
     kwargs: dict
 
 
-@dataclass
+@dataclass(frozen=True)
 class AttentionPattern:
     """Everything needed to say whether query q may attend key k in one attention of one forward.
+    Immutable: made whole by its constructor (plan.py makes the patterns of a forward).
 
     Attributes:
         kind: "full", "sliding", "sliding_global" or "bigbird".
@@ -169,11 +170,17 @@ class AttentionPattern:
         d = q - k
         return (d < self.window) if self.causal else (d.abs() < self.window)
 
+    @staticmethod
+    def keys_at(local, key_offset, key_prefix: int):
+        """Absolute index of the keys at positions `local` of a key tensor whose first `key_prefix` keys
+        are the first tokens and whose others start at index `key_offset`."""
+        if not key_prefix:
+            return local + key_offset
+        return torch.where(local < key_prefix, local, local - key_prefix + key_offset)
+
     def key_index(self, local):
         """Absolute index of the keys at positions `local` of the key tensor."""
-        if not self.key_prefix:
-            return local + self.key_offset
-        return torch.where(local < self.key_prefix, local, local - self.key_prefix + self.key_offset)
+        return self.keys_at(local, self.key_offset, self.key_prefix)
 
     def key_indices(self) -> torch.Tensor:
         """(S,) absolute index of every key of the key tensor."""

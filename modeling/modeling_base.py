@@ -20,10 +20,10 @@ from transformers.utils import logging
 from ..configuration.backends import PER_LAYER_BACKEND, check_layer_backends
 from ..configuration.configuration_swapformer import SwapformerConfig
 from .attention import check_backend_for_model
+from .cache import static_key_slots
 from .hf_compat import init
 from .layers import RMSNorm
 from .remote_code import write_remote_code
-from .stack import static_key_slots
 
 logger = logging.get_logger(__name__)
 

@@ -12,10 +12,10 @@ the previous real token's plus one, so the left-padded `position_ids` generate()
 padding) are one sequence, as they should be.
 
 The result is a `PackedSequences` value (per token: its sequence's number, first real token and
-real length) that the stack builds once per forward and puts into every attention pattern (masks.py), so every backend
-keeps the sequences apart by construction. A cache cannot continue packed rows (which sequence
-would a new token extend?): packing needs an empty cache, and a cache filled from packed rows
-refuses to be extended.
+real length) that is found once per forward (positions.py) and put into every attention pattern
+(masks.py), so every backend keeps the sequences apart by construction. A cache cannot continue packed
+rows (which sequence would a new token extend?): packing needs an empty cache, and a cache filled from
+packed rows refuses to be extended (cache.py).
 """
 
 from __future__ import annotations
@@ -23,9 +23,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-
-# Set on a transformers Cache filled from packed rows, so a later step cannot extend it silently.
-PACKED_CACHE_FLAG = "_swapformer_packed_rows"
 
 
 @dataclass(frozen=True)
@@ -119,6 +116,36 @@ def _starts_from_cu_seq_lens(cu, name: str, batch: int, length: int, device) -> 
     return flags.view(batch, length)
 
 
+def _starts_from_cu_pair(cu_q, cu_k, max_q, max_k, batch: int, length: int, device) -> torch.Tensor:
+    """The sequence starts that `cu_seq_lens_q` and `cu_seq_lens_k` (equal in self-attention) mark."""
+    if cu_q is None or cu_k is None:
+        given = "cu_seq_lens_q" if cu_k is None else "cu_seq_lens_k"
+        raise ValueError(f"{given} was given alone; pass cu_seq_lens_q and cu_seq_lens_k together")
+    q = torch.as_tensor(cu_q).reshape(-1).tolist()
+    k = torch.as_tensor(cu_k).reshape(-1).tolist()
+    if q != k:
+        raise ValueError(
+            f"cu_seq_lens_q={q} and cu_seq_lens_k={k} differ; in self-attention without a cache every "
+            "sequence is its own keys, so they must be equal"
+        )
+    _check_max_length(max_q, "max_length_q", "cu_seq_lens_q", cu_q)
+    _check_max_length(max_k, "max_length_k", "cu_seq_lens_k", cu_k)
+    return _starts_from_cu_seq_lens(cu_q, "cu_seq_lens_q", batch, length, device)
+
+
+def _starts_from_seq_idx(seq_idx: torch.Tensor, batch: int, length: int, device) -> torch.Tensor:
+    """Tokens whose sequence number differs from the previous token's."""
+    if seq_idx.dim() != 2 or seq_idx.shape[-1] != length or seq_idx.shape[0] not in (1, batch):
+        raise ValueError(
+            f"seq_idx has shape {tuple(seq_idx.shape)}; it needs (batch={batch}, length={length}): the "
+            "sequence number of every token"
+        )
+    ids = seq_idx.to(device).expand(batch, length)
+    flags = torch.zeros(batch, length, dtype=torch.bool, device=device)
+    flags[:, 1:] = ids[:, 1:] != ids[:, :-1]
+    return flags
+
+
 def _check_max_length(value, name: str, cu_name: str, cu) -> None:
     if value is None:
         return
@@ -135,6 +162,21 @@ def _boundaries(flags: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
     ids = flags.long().cumsum(dim=1)
     prev = _previous_real(valid)
     return valid & (prev >= 0) & (ids != torch.gather(ids, 1, prev.clamp(min=0)))
+
+
+def _agreed_boundaries(sources: dict[str, torch.Tensor], valid: torch.Tensor, prefix: str) -> torch.Tensor:
+    """The boundaries (`_boundaries`) every source marks; they must agree."""
+    names = list(sources)
+    reference = _boundaries(sources[names[0]], valid)
+    for name in names[1:]:
+        other = _boundaries(sources[name], valid)
+        if not torch.equal(reference, other):
+            raise ValueError(
+                f"{prefix}{names[0]} and {prefix}{name} mark different sequence boundaries (first difference at "
+                f"{_first_disagreement(reference, other)}); pass boundaries that agree (DataCollatorWithFlattening "
+                "makes them so) or only one of them"
+            )
+    return reference
 
 
 def _first_disagreement(a: torch.Tensor, b: torch.Tensor) -> str:
@@ -170,48 +212,20 @@ def find_packed_sequences(
         valid = key_valid.to(device).bool()
     else:
         valid = torch.ones(batch, length, dtype=torch.bool, device=device)
-    sources: dict[str, torch.Tensor] = {}
+    sources = {}
     if cu_seq_lens_q is not None or cu_seq_lens_k is not None:
-        if cu_seq_lens_q is None or cu_seq_lens_k is None:
-            given = "cu_seq_lens_q" if cu_seq_lens_k is None else "cu_seq_lens_k"
-            raise ValueError(f"{given} was given alone; pass cu_seq_lens_q and cu_seq_lens_k together")
-        q = torch.as_tensor(cu_seq_lens_q).reshape(-1).tolist()
-        k = torch.as_tensor(cu_seq_lens_k).reshape(-1).tolist()
-        if q != k:
-            raise ValueError(
-                f"cu_seq_lens_q={q} and cu_seq_lens_k={k} differ; in self-attention without a cache every "
-                "sequence is its own keys, so they must be equal"
-            )
-        _check_max_length(max_length_q, "max_length_q", "cu_seq_lens_q", cu_seq_lens_q)
-        _check_max_length(max_length_k, "max_length_k", "cu_seq_lens_k", cu_seq_lens_k)
-        sources["cu_seq_lens_q"] = _starts_from_cu_seq_lens(
-            cu_seq_lens_q, "cu_seq_lens_q", batch, length, device
+        sources["cu_seq_lens_q"] = _starts_from_cu_pair(
+            cu_seq_lens_q, cu_seq_lens_k, max_length_q, max_length_k, batch, length, device
         )
     if seq_idx is not None:
-        if seq_idx.dim() != 2 or seq_idx.shape[-1] != length or seq_idx.shape[0] not in (1, batch):
-            raise ValueError(
-                f"seq_idx has shape {tuple(seq_idx.shape)}; it needs (batch={batch}, length={length}): the "
-                "sequence number of every token"
-            )
-        ids = seq_idx.to(device).expand(batch, length)
-        flags = torch.zeros(batch, length, dtype=torch.bool, device=device)
-        flags[:, 1:] = ids[:, 1:] != ids[:, :-1]
-        sources["seq_idx"] = flags
+        sources["seq_idx"] = _starts_from_seq_idx(seq_idx, batch, length, device)
     if position_ids is not None and length > 1:
         positions = position_ids.to(device).view(-1, length).expand(batch, length)
         sources["position_ids"] = _starts_from_positions(positions, valid)
     if not sources:
         return None
     names = list(sources)
-    reference = _boundaries(sources[names[0]], valid)
-    for name in names[1:]:
-        other = _boundaries(sources[name], valid)
-        if not torch.equal(reference, other):
-            raise ValueError(
-                f"{prefix}{names[0]} and {prefix}{name} mark different sequence boundaries (first difference at "
-                f"{_first_disagreement(reference, other)}); pass boundaries that agree (DataCollatorWithFlattening "
-                "makes them so) or only one of them"
-            )
+    reference = _agreed_boundaries(sources, valid, prefix)
     # Under torch.compile the test below would break the graph: as transformers does while tracing,
     # rows with position_ids count as packed (one sequence is a packing too), and a cache as not.
     tracing = torch.compiler.is_compiling()
@@ -227,20 +241,6 @@ def find_packed_sequences(
             "empty one), or pad the sequences into separate rows for cached decoding"
         )
     return PackedSequences.from_starts(sources[names[0]], valid)
-
-
-def check_cache_not_packed(cache, past: int, prefix: str = "") -> None:
-    """A cache filled from packed rows cannot be extended (no new token knows its sequence)."""
-    if getattr(cache, PACKED_CACHE_FLAG, False) and (not isinstance(past, int) or past > 0):
-        raise ValueError(
-            f"This cache was filled from packed rows (several sequences per row, marked by {prefix}position_ids "
-            "or cu_seq_lens); it cannot be extended. For cached decoding and generate(), give one sequence per "
-            "row (pad them) instead of packing them"
-        )
-
-
-def mark_cache_packed(cache) -> None:
-    setattr(cache, PACKED_CACHE_FLAG, True)
 
 
 def check_cross_packing(queries: PackedSequences | None, keys: PackedSequences | None, batch: int) -> None:

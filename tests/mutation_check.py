@@ -3,7 +3,7 @@
 Each mutant removes or alters one rule of the pattern predicate (modeling/masks.py
 `AttentionPattern.allowed` and the BigBird draw; modeling/lowering.py for flash), of the sparse
 backend where it handles a rule itself (sparse_layout.py, sparse.py: the dense pass of global query
-rows, the global-key and random-key segments, counting each key once, the band), or of the pattern's construction (modeling/stack.py: global tokens, the caches). For every
+rows, the global-key and random-key segments, counting each key once, the band), or of the pattern's construction (modeling/plan.py: global tokens; modeling/cache.py: the caches). For every
 mutant the fast tests run in a temporary copy of the repository, so nothing is ever edited in place
 (an interrupted run leaves the working tree untouched), and a table says which test caught it.
 
@@ -242,32 +242,32 @@ MUTANTS = [
         "left, right = pattern.window - 1, (0 if",
         "left, right = pattern.window - 2, (0 if",
     ),
-    # stack.py: the pattern's construction and the caches
+    # plan.py and cache.py: the pattern's construction and the caches
     Mutant(
         "global tokens",
         "position < global_tokens  ->  <=",
-        "modeling/stack.py",
-        "is_global = key_pos < cfg.global_tokens",
-        "is_global = key_pos <= cfg.global_tokens",
+        "modeling/plan.py",
+        "is_global = pos.keys < config.global_tokens",
+        "is_global = pos.keys <= config.global_tokens",
     ),
     Mutant(
         "global tokens",
         "ignore global_attention_mask",
-        "modeling/stack.py",
-        "                    is_global = is_global | global_mask.bool()\n",
-        "                    is_global = is_global\n",
+        "modeling/plan.py",
+        "        is_global = is_global | global_mask.bool()\n",
+        "        is_global = is_global\n",
     ),
     Mutant(
         "window + global cache",
         "key offset 0 when no global token (the bug fixed with this check)",
-        "modeling/stack.py",
+        "modeling/cache.py",
         "(self.tail_start if self.tail_start > self.prefix else 0)",
         "(self.tail_start if self.key_prefix else 0)",
     ),
     Mutant(
         "window cache",
         "window of 1 keeps every token (transformers' behaviour, fixed with this check)",
-        "modeling/stack.py",
+        "modeling/cache.py",
         "        if self.sliding_window == 1 and not self.record_past:",
         "        if False:",
     ),

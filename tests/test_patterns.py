@@ -230,7 +230,7 @@ def test_chunked_weight_recompute_matches_one_chunk():
     def grab(module, args, kwargs, output):
         captured.setdefault("q", module.q_proj(args[0]).view(3, LENGTH, 4, 8).transpose(1, 2))
         captured.setdefault("k", module.k_proj(args[0]).view(3, LENGTH, 4, 8).transpose(1, 2))
-        captured.setdefault("pattern", kwargs["pattern"])
+        captured.setdefault("pattern", kwargs["plan"].pattern)
 
     hook = model.layers[0].self_attn.register_forward_hook(grab, with_kwargs=True)
     with torch.no_grad():

@@ -120,7 +120,7 @@ def test_flat_files_only_use_single_dot_imports():
             if stripped.startswith("from ."):
                 target = stripped.split()[1][1:] + ".py"
                 assert target in files, (name, line)
-    assert "ALL_ATTENTION_FUNCTIONS.get_interface(" in files["layers.py"]
+    assert "ALL_ATTENTION_FUNCTIONS.get_interface(" in files["plan.py"]
 
 
 def test_saved_folder_is_safetensors_only(tmp_path):
@@ -132,50 +132,24 @@ def test_saved_folder_is_safetensors_only(tmp_path):
 
 @pytest.mark.parametrize("how", ["push_to_hub", "save_pretrained(push_to_hub=True)"])
 def test_push_to_hub_uploads_the_modeling_code(how, tmp_path, monkeypatch):
-    """The Hub is out of reach here: its three entry points are replaced by recorders, and the test
-    checks what would be uploaded."""
-    import types
+    """The Hub is out of reach here: the huggingface_hub client's network calls are replaced by a
+    recorder (tests/hub_recorder.py), and the test checks the commit it would make."""
+    from hub_recorder import Hub
 
-    import transformers.utils.hub as hub
-    from huggingface_hub import ModelCard, ModelCardData
-
-    uploaded = {}
-
-    def fake_upload(self, working_dir, repo_id, files_timestamps, **kwargs):
-        uploaded["repo_id"] = repo_id
-        uploaded["files"] = {
-            p: open(os.path.join(working_dir, p)).read()
-            for p in os.listdir(working_dir)
-            if p.endswith((".py", ".json", ".md"))
-        }
-        uploaded["all"] = set(os.listdir(working_dir))
-
-    monkeypatch.setattr(
-        hub,
-        "hf_api",
-        lambda: types.SimpleNamespace(
-            create_repo=lambda repo_id, **kw: types.SimpleNamespace(repo_id=repo_id)
-        ),
-    )
-    monkeypatch.setattr(
-        hub,
-        "create_and_tag_model_card",
-        lambda *a, **k: ModelCard.from_template(ModelCardData(library_name="transformers")),
-    )
-    monkeypatch.setattr(hub.PushToHubMixin, "_upload_modified_files", fake_upload)
-
+    hub = Hub(monkeypatch)
     model = build(swapformer.DecoderForCausalLM, tiny_config("decoder"))
     if how == "push_to_hub":
         model.push_to_hub("me/tiny")
     else:
         model.save_pretrained(tmp_path / "tiny", push_to_hub=True, repo_id="me/tiny")
         assert (tmp_path / "tiny" / "modeling_decoder.py").exists()  # the local copy is complete too
-    assert uploaded["repo_id"] == "me/tiny"
+    commit = hub.commits[-1]
+    assert commit["repo_id"] == "me/tiny"
     assert {
         "model.safetensors",
         "config.json",
         "modeling_decoder.py",
         "layers.py",
         "configuration_swapformer.py",
-    } <= uploaded["all"]
-    assert "modeling_decoder.DecoderForCausalLM" in uploaded["files"]["config.json"]
+    } <= set(commit["files"])
+    assert "modeling_decoder.DecoderForCausalLM" in commit["files"]["config.json"].decode()

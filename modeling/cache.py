@@ -1,0 +1,272 @@
+"""The key/value cache as swapformer reads it: transformers' `Cache` plus two layer classes of its own,
+and `CacheView`, the one value the per-forward plan (plan.py) asks about the cache.
+
+Shape legend: B batch, T new tokens, P cached tokens, S keys handed to attention.
+
+A cache layer may keep fewer keys than it has seen (a window drops old ones; a window + global layer
+keeps its leading global tokens ahead of the window), so the keys it hands to attention cover absolute
+indices `[0, key_prefix) + [key_offset, key_offset + S - key_prefix)`. `CacheView.key_geometry` says
+which, per layer, before the layer runs; `append` is how a layer adds its new keys.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from transformers.cache_utils import Cache, DynamicLayer, EncoderDecoderCache, StaticLayer
+
+from .hf_compat import DYNAMIC_LAYER_TYPE_MAPPING, STATIC_LAYER_TYPE_MAPPING, DynamicSlidingWindowLayer
+
+# Set on a transformers Cache filled from packed rows, so a later step cannot extend it silently.
+PACKED_CACHE_FLAG = "_swapformer_packed_rows"
+
+
+class SlidingWindowLayer(DynamicSlidingWindowLayer):
+    """transformers' windowed cache (`sliding_attention`), which keeps the last `sliding_window - 1`
+    tokens as `[-sliding_window + 1:]`: for a window of 1 that is `[-0:]`, every token, so the keys it
+    hands over disagree with its `get_mask_sizes`. Here a window of 1 keeps none. Not registered (that
+    would replace transformers' class for every model in the process): `adopt_window_of_one` gives
+    this class to the window-1 layers of a cache handed to a swapformer model, before their first use."""
+
+    def update(self, key_states, value_states, *args, **kwargs):
+        keys, values = super().update(key_states, value_states, *args, **kwargs)
+        if self.sliding_window == 1 and not self.record_past:
+            self.keys, self.values = self.keys[..., :0, :], self.values[..., :0, :]
+        return keys, values
+
+
+def adopt_window_of_one(cache) -> None:
+    """Give `SlidingWindowLayer` to transformers' dynamic window-1 layers of `cache` (any other layer,
+    and any window but 1, is left as it is); nested caches of an encoder-decoder included."""
+    for part in (
+        getattr(cache, "self_attention_cache", None),
+        getattr(cache, "cross_attention_cache", None),
+        cache,
+    ):
+        for layer in getattr(part, "layers", ()) or ():
+            if type(layer) is DynamicSlidingWindowLayer and layer.sliding_window == 1:
+                layer.__class__ = SlidingWindowLayer
+
+
+class GlobalWindowLayer(DynamicLayer):
+    """The dynamic cache of a window + global layer (`sliding_global_attention`).
+
+    Later queries can see only global tokens and the last `window - 1` tokens, so this layer keeps
+    the leading tokens up to the last global one (a prefix, since global tokens are the first
+    `global_tokens` real tokens of each row, plus any the prompt's `global_attention_mask` marks) and
+    a window-sized tail: memory stops growing at prefix + window. The plan `plan`s each forward
+    (window, prefix length) before the layer is read; until every row has all its global tokens the
+    layer keeps everything. Stored keys cover absolute indices [0, prefix) + [tail_start, length).
+    Registered for its layer type, so `DynamicCache(config=...)` (what generate() builds) uses it.
+    """
+
+    _layer_type = "sliding_global_attention"
+    is_croppable = False
+
+    def __init__(self, **kwargs):
+        super().__init__()
+        self.cumulative_length = 0
+        self.prefix = 0  # stored leading tokens when keys were dropped after them (else 0)
+        self.tail_start = 0  # absolute index of the first stored key after the prefix
+        self.window: int | None = None
+        self.keep: int | None = None  # leading tokens that must stay; None: keep everything
+
+    def plan(self, window: int, keep: int | None, layer_idx: int) -> None:
+        """Set the window and the leading tokens holding every global token, before a forward."""
+        if keep is not None and self.tail_start > self.prefix and keep > self.prefix:
+            raise ValueError(
+                f"Layer {layer_idx} (sliding_global_attention) has a global token at index {keep - 1}, but its "
+                f"window + global cache already dropped tokens {self.prefix}..{self.tail_start - 1}, which kept only "
+                f"the first {self.prefix}; mark global tokens within the prompt (`global_tokens`, or the prompt's "
+                "`global_attention_mask`), not in generated steps"
+            )
+        self.window, self.keep = window, keep
+
+    @property
+    def key_prefix(self) -> int:
+        """Leading stored keys that are the first tokens, ahead of the tail (0 when contiguous)."""
+        return self.prefix if self.tail_start > self.prefix else 0
+
+    def update(self, key_states, value_states, *args, **kwargs):
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        keys = torch.cat([self.keys, key_states], dim=-2)
+        values = torch.cat([self.values, value_states], dim=-2)
+        self.cumulative_length += key_states.shape[-2]
+        self.keys, self.values = keys, values
+        if self.window is not None and self.keep is not None:
+            self._drop_unreachable()
+        return keys, values
+
+    def _drop_unreachable(self) -> None:
+        total, contiguous = self.cumulative_length, self.tail_start <= self.prefix
+        prefix = min(self.keep, total) if contiguous else self.prefix
+        tail_start = max(self.tail_start, prefix, total - self.window + 1)
+        if tail_start <= prefix:
+            return
+        local_tail = tail_start if contiguous else self.prefix + tail_start - self.tail_start
+        self.keys = torch.cat([self.keys[..., :prefix, :], self.keys[..., local_tail:, :]], dim=-2)
+        self.values = torch.cat([self.values[..., :prefix, :], self.values[..., local_tail:, :]], dim=-2)
+        self.prefix, self.tail_start = prefix, tail_start
+
+    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+        stored = self.keys.shape[-2] if self.is_initialized else 0
+        # The first stored key after the prefix is at `tail_start` once keys were dropped, also with no
+        # prefix (no global token: the stored keys are then one range starting there).
+        return stored + query_length, (self.tail_start if self.tail_start > self.prefix else 0)
+
+    def get_seq_length(self) -> int:
+        return self.cumulative_length
+
+    def reset(self) -> None:
+        super().reset()
+        self.prefix = self.tail_start = 0
+        self.keep = None
+
+    def crop(self, tokens_to_remove: int) -> None:
+        raise NotImplementedError(
+            "The window + global cache drops tokens as it goes and cannot be cropped; generate without "
+            "assisted decoding, or use full_attention layers"
+        )
+
+
+# BigBird layers keep every key: random blocks make any earlier block visible to a later query.
+# Registering is what makes `DynamicCache(config=...)` accept the layer type.
+DYNAMIC_LAYER_TYPE_MAPPING.setdefault("bigbird_attention", DynamicLayer)
+for _layer_type in ("sliding_global_attention", "bigbird_attention"):
+    STATIC_LAYER_TYPE_MAPPING.setdefault(_layer_type, StaticLayer)
+
+
+def static_key_slots(cache: Cache | None) -> int | None:
+    """Key slots of a static (compileable) cache whose layers all keep every token: masks may then span
+    all its slots (`create_masks_for_generate` pads them so), and a compiled decoding step keeps one shape.
+    None for any other cache."""
+    if cache is None or not cache.is_compileable:
+        return None
+    layers = getattr(cache, "self_attention_cache", cache).layers
+    if any(getattr(layer, "is_sliding", False) for layer in layers):
+        return None
+    return max(layer.max_cache_len for layer in layers)
+
+
+def cache_layer(cache: Cache, idx: int):
+    """The self-attention cache layer `idx` (of an EncoderDecoderCache's decoder part), or None."""
+    layers = getattr(cache, "self_attention_cache", cache).layers
+    return layers[idx] if idx < len(layers) else None
+
+
+def leading_tokens_to_keep(is_global: torch.Tensor, key_valid: torch.Tensor | None, global_tokens: int):
+    """How many leading tokens hold every global token (B, S) of every row, or None while some row
+    has fewer than `global_tokens` real tokens (its next tokens will be global too)."""
+    real = (
+        key_valid.sum(-1) if key_valid is not None else torch.full((is_global.shape[0],), is_global.shape[1])
+    )
+    if int(real.min()) < global_tokens:
+        return None
+    index = torch.arange(1, is_global.shape[1] + 1, device=is_global.device)
+    return int((is_global * index).max()) if is_global.numel() else 0
+
+
+@dataclass(frozen=True)
+class KeyGeometry:
+    """Which absolute key indices the S keys a cache layer hands to attention hold: keys j < `prefix`
+    are the first tokens (index j), the rest start at index `offset`."""
+
+    length: int
+    offset: int = 0
+    prefix: int = 0
+
+
+@dataclass(frozen=True)
+class CacheView:
+    """What one forward needs to know of a transformers `Cache` (or of no cache).
+
+    Attributes:
+        cache: the cache, or None.
+        past: tokens it holds before this forward (P); a 0-d tensor when a static cache counts them
+            under torch.compile.
+        key_slots: the key slots of a static cache whose layers keep every token, else None.
+    """
+
+    cache: Cache | None
+    past: int | torch.Tensor = 0
+    key_slots: int | None = None
+
+    @classmethod
+    def of(cls, cache: Cache | None) -> CacheView:
+        if cache is None:
+            return cls(None)
+        if not torch.compiler.is_compiling():
+            adopt_window_of_one(cache)
+        past = cache.get_seq_length()
+        if torch.is_tensor(past) and not torch.compiler.is_compiling():
+            past = int(past)  # a static cache counts in a tensor; outside compile, read it once
+        return cls(cache, past, static_key_slots(cache))
+
+    def key_geometry(self, layer_idx: int, new_tokens: int) -> KeyGeometry:
+        """The keys self-attention layer `layer_idx` will hand over once it appended `new_tokens`."""
+        if self.cache is None:
+            return KeyGeometry(self.past + new_tokens)
+        length, offset = self.cache.get_mask_sizes(new_tokens, layer_idx)
+        return KeyGeometry(length, offset, getattr(cache_layer(self.cache, layer_idx), "key_prefix", 0))
+
+    def plan_global_window(
+        self, layer_indices, window: int, global_tokens: int, is_global, key_valid
+    ) -> None:
+        """Tell the window + global cache layers among `layer_indices` which leading tokens to keep:
+        those holding every global token `is_global` (B, S) marks. Under compile they keep everything
+        (`keep=None`): dropping keys is a data-dependent decision, and keeping them is always correct."""
+        if self.cache is None:
+            return
+        found = ((i, cache_layer(self.cache, i)) for i in layer_indices)
+        layers = [(i, layer) for i, layer in found if isinstance(layer, GlobalWindowLayer)]
+        if not layers:
+            return
+        keep = None
+        if not torch.compiler.is_compiling():
+            keep = leading_tokens_to_keep(is_global, key_valid, global_tokens)
+        for i, layer in layers:
+            layer.plan(window, keep, i)
+
+    def refuse_if_packed(self, prefix: str = "") -> None:
+        """A cache filled from packed rows cannot be extended (no new token knows its sequence).
+        Under torch.compile this is not checked (README: packed sequences)."""
+        if self.cache is None or torch.compiler.is_compiling():
+            return
+        if getattr(self.cache, PACKED_CACHE_FLAG, False) and (
+            not isinstance(self.past, int) or self.past > 0
+        ):
+            raise ValueError(
+                f"This cache was filled from packed rows (several sequences per row, marked by {prefix}position_ids "
+                "or cu_seq_lens); it cannot be extended. For cached decoding and generate(), give one sequence per "
+                "row (pad them) instead of packing them"
+            )
+
+    def mark_packed(self) -> None:
+        """Record that packed rows fill this cache (not under torch.compile, where every row with
+        position_ids counts as packed)."""
+        if self.cache is not None and not torch.compiler.is_compiling():
+            setattr(self.cache, PACKED_CACHE_FLAG, True)
+
+    def append(self, key: torch.Tensor, value: torch.Tensor, layer_idx: int):
+        """Add self-attention layer `layer_idx`'s new keys and values (B, K, T, D); return the keys and
+        values it hands to attention (B, K, S, D)."""
+        if self.cache is None:
+            return key, value
+        part = self.cache.self_attention_cache if isinstance(self.cache, EncoderDecoderCache) else self.cache
+        return part.update(key, value, layer_idx)
+
+    def cross_keys_values(self, layer_idx: int, project: Callable[[], tuple[torch.Tensor, torch.Tensor]]):
+        """Cross-attention layer `layer_idx`'s keys and values: `project()`ed from the encoder output
+        once, then kept in the cache and reused at every decoding step."""
+        cache = self.cache
+        if cache is None:
+            return project()
+        part = cache.cross_attention_cache if isinstance(cache, EncoderDecoderCache) else cache
+        if cache.is_updated.get(layer_idx):
+            return part.layers[layer_idx].keys, part.layers[layer_idx].values
+        key, value = part.update(*project(), layer_idx)
+        cache.is_updated[layer_idx] = True
+        return key, value

@@ -1,0 +1,112 @@
+"""Checks of a stack's inputs, made before anything is computed from them.
+
+Shapes are checked always. Checks of values (token ids in the vocabulary, positions in the learned
+table) read the data, so they run in eager mode only: a compiled or exported graph cannot branch on
+values, and runs them nowhere (run a batch eagerly once to have it checked).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+
+def validate_inputs(
+    config,
+    *,
+    input_ids: torch.Tensor | None,
+    inputs_embeds: torch.Tensor | None,
+    attention_mask: torch.Tensor | None,
+    past_length,
+    position_ids: torch.Tensor | None = None,
+    key_slots: int | None = None,
+    prefix: str = "",
+) -> int:
+    """Check the inputs of one stack; return the key span the per-token inputs cover (past + length, or a
+    static cache's `key_slots` when the attention mask spans them). `prefix` is "decoder_" for the decoder
+    half of a seq2seq. Value checks run in eager mode only (see the module docstring)."""
+    ids, embeds = f"{prefix}input_ids", f"{prefix}inputs_embeds"
+    if (input_ids is None) == (inputs_embeds is None):
+        raise ValueError(
+            f"Pass exactly one of {ids} and {embeds} (got {'both' if input_ids is not None else 'neither'})"
+        )
+    if input_ids is not None:
+        _check_ids(config, input_ids, ids)
+        given, batch, length = ids, *input_ids.shape
+    else:
+        if inputs_embeds.dim() != 3 or inputs_embeds.shape[-1] != config.hidden_size:
+            raise ValueError(
+                f"{embeds} must have shape (batch, sequence, hidden_size={config.hidden_size}), got "
+                f"{tuple(inputs_embeds.shape)}"
+            )
+        given, (batch, length) = embeds, inputs_embeds.shape[:2]
+    shape = tuple((input_ids if input_ids is not None else inputs_embeds).shape)
+    # transformers' models stop on a RuntimeError deep in attention here; swapformer says what is wrong.
+    if length == 0:
+        raise ValueError(f"{given} has shape {shape}: every sequence needs at least one token")
+    if batch == 0:
+        raise ValueError(f"{given} has shape {shape}: the batch needs at least one sequence")
+    span = _check_attention_mask(attention_mask, batch, length, past_length, key_slots, prefix)
+    if position_ids is not None and position_ids.shape[-1] != length:
+        raise ValueError(
+            f"position_ids has shape {tuple(position_ids.shape)}; its last dimension must be {length}"
+        )
+    if config.position_embedding_type == "learned" and not torch.compiler.is_compiling():
+        longest = past_length + length if position_ids is None else int(position_ids.max()) + 1
+        if longest > config.max_position_embeddings:
+            raise ValueError(
+                f"Sequence of {longest} positions exceeds max_position_embeddings={config.max_position_embeddings} "
+                f"of the learned position table; truncate the inputs or use rope/alibi/relative_bias positions"
+            )
+    return span
+
+
+def _check_ids(config, input_ids: torch.Tensor, name: str) -> None:
+    if input_ids.dim() != 2:
+        raise ValueError(f"{name} must have shape (batch, sequence), got shape {tuple(input_ids.shape)}")
+    if input_ids.dtype.is_floating_point or input_ids.dtype == torch.bool or input_ids.dtype.is_complex:
+        raise ValueError(f"{name} must hold integer token ids, got dtype {input_ids.dtype}")
+    if input_ids.numel() and not torch.compiler.is_compiling():
+        low, high = int(input_ids.min()), int(input_ids.max())
+        if low < 0 or high >= config.vocab_size:
+            raise ValueError(
+                f"{name} holds token ids in [{low}, {high}] but vocab_size={config.vocab_size}; the tokenizer "
+                f"and the model disagree (resize_token_embeddings, or fix the tokenizer)"
+            )
+
+
+def _check_attention_mask(
+    attention_mask, batch: int, length: int, past, key_slots: int | None, prefix: str
+) -> int:
+    """The mask covers every cached and new token (B, past + length), or every slot of a static cache."""
+    spans = set() if key_slots is None else {key_slots}
+    if isinstance(past, int):
+        spans.add(past + length)
+    if attention_mask is None:
+        if not spans:
+            raise ValueError(
+                "A compiled forward with this cache needs an attention_mask covering every cache slot; "
+                "pass one, or use a static cache with full-attention layers only"
+            )
+        return max(spans)
+    if attention_mask.dim() != 2 or attention_mask.shape[0] != batch or attention_mask.shape[1] not in spans:
+        cached = f" ({past} cached + {length} new)" if isinstance(past, int) and past else ""
+        raise ValueError(
+            f"{prefix}attention_mask has shape {tuple(attention_mask.shape)} but the inputs need (batch={batch}, "
+            f"length={' or '.join(map(str, sorted(spans))) or 'every cache slot'}){cached}: one entry per token, "
+            "1 for tokens and 0 for padding"
+        )
+    return attention_mask.shape[1]
+
+
+def check_global_mask(marks, batch: int, past, length: int, span: int, prefix: str = ""):
+    """`global_attention_mask` (B, past + length), padded with zeros to a static cache's `span` slots."""
+    if marks is None:
+        return None
+    widths = {span} | ({past + length} if isinstance(past, int) else set())
+    if marks.dim() != 2 or marks.shape[0] != batch or marks.shape[1] not in widths:
+        raise ValueError(
+            f"{prefix}global_attention_mask has shape {tuple(marks.shape)}; it needs (batch={batch}, "
+            f"length={' or '.join(map(str, sorted(widths)))}), one entry per cached and new token"
+        )
+    return nn.functional.pad(marks, (0, span - marks.shape[1]))

@@ -1,0 +1,266 @@
+"""The plan of one forward: every fact about masks, backends, positions and the cache, made once.
+
+Shape legend: B batch, T new tokens, S keys handed to attention, D head dim.
+
+`ForwardPlan.build` runs once per stack forward, after the inputs are checked (checks.py), their
+positions found (positions.py) and embedded: it makes one `AttentionPattern` per layer type (and one
+for cross-attention), checks the batch against each backend's capabilities, resolves each backend's
+attention function and lowers each pattern for it. The blocks read their `LayerPlan` and compute
+nothing about masks, backends or cache geometry.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from ..configuration.backends import LAYER_TYPE_PATTERN, check_batch_feature
+from ..configuration.configuration_swapformer import GLOBAL_KINDS
+from .attention import check_backend_for_batch, eager_attention_forward, lower_mask
+from .cache import CacheView, KeyGeometry
+from .hf_compat import ALL_ATTENTION_FUNCTIONS
+from .masks import AttentionPattern, KernelMask, random_layouts
+from .packing import PackedSequences, check_cross_packing
+from .positions import Positions, new_columns, rope_cos_sin
+
+
+@dataclass(frozen=True)
+class LayerPlan:
+    """How the layers of one layer type attend in this forward (self- or cross-attention).
+
+    Attributes:
+        pattern: which keys each query may see; also read to recompute weights for `output_attentions`
+            and by Longformer's global rows (global_rows.py).
+        backend: the backend that runs these layers, and `attention_fn` its function in transformers'
+            `ALL_ATTENTION_FUNCTIONS` (eager's when none is registered under the name).
+        mask: the pattern lowered for the backend (masks.py), and `kernel_kwargs` what its kernel takes
+            beside it (flash-attention's varlen boundaries of packed rows).
+        rope: the (cos, sin) pair (B, T, D) queries and keys are rotated by, or None.
+        cache: the cache the layers append their keys to (cross-attention: keep the encoder's in).
+    """
+
+    layer_type: str
+    pattern: AttentionPattern
+    backend: str
+    attention_fn: Callable
+    mask: object
+    kernel_kwargs: dict
+    rope: tuple[torch.Tensor, torch.Tensor] | None
+    cache: CacheView
+
+    @classmethod
+    def make(cls, layer_type, pattern, lowered_from, backend, dtype, rope, cache) -> LayerPlan:
+        """The plan of `pattern` on `backend`, whose mask is lowered from `lowered_from`: `pattern`, or
+        `pattern` less the rows the layer computes itself (`pattern_for_backend`)."""
+        mask, kernel_kwargs = lower_mask(lowered_from, backend, dtype), {}
+        if isinstance(mask, KernelMask):
+            mask, kernel_kwargs = mask.mask, mask.kwargs
+        attention_fn = ALL_ATTENTION_FUNCTIONS.get_interface(backend, eager_attention_forward)
+        return cls(layer_type, pattern, backend, attention_fn, mask, kernel_kwargs, rope, cache)
+
+
+@dataclass(frozen=True)
+class ForwardPlan:
+    """One forward of a stack: its positions, the RoPE pair, and a `LayerPlan` per layer type for
+    self-attention (`layers`) and for cross-attention (`cross`, empty without encoder states)."""
+
+    positions: Positions
+    rope: tuple[torch.Tensor, torch.Tensor] | None
+    layers: dict[str, LayerPlan]
+    cross: dict[str, LayerPlan]
+
+    @classmethod
+    def build(
+        cls,
+        stack,
+        positions: Positions,
+        cache: CacheView,
+        dtype: torch.dtype,
+        *,
+        global_mask: torch.Tensor | None = None,
+        encoder_hidden_states: torch.Tensor | None = None,
+        encoder_attention_mask: torch.Tensor | None = None,
+        encoder_packing: PackedSequences | None = None,
+    ) -> ForwardPlan:
+        """The plan of `stack` (a `StackMixin`) for inputs at `positions` with `cache`; masks and the
+        RoPE pair in `dtype`, the dtype of the embedded inputs."""
+        config = stack.config
+        rope = None
+        if config.position_embedding_type == "rope":
+            rope = rope_cos_sin(positions.query, config, dtype)
+        patterns = {
+            lt: self_attention_pattern(stack, lt, positions, cache, global_mask)
+            for lt in dict.fromkeys(stack.layer_types)
+        }
+        backends = {lt: config.backend_for(lt) for lt in patterns}
+        if positions.packing is not None or encoder_packing is not None:
+            for backend in sorted(set(backends.values())):
+                check_batch_feature(
+                    backend, "packing", "packed sequences (restarting position_ids, cu_seq_lens_* or seq_idx)"
+                )
+        for lt, pattern in patterns.items():
+            check_backend_for_batch(backends[lt], pattern.kind, stack, positions.device)
+        layers = {
+            lt: LayerPlan.make(lt, p, pattern_for_backend(stack, lt, p), backends[lt], dtype, rope, cache)
+            for lt, p in patterns.items()
+        }
+        cross = {}
+        if encoder_hidden_states is not None:
+            pattern = cross_attention_pattern(
+                positions, encoder_hidden_states, encoder_attention_mask, encoder_packing
+            )
+            cross = {
+                lt: LayerPlan.make(lt, pattern, pattern, backends[lt], dtype, None, cache) for lt in patterns
+            }
+        return cls(positions, rope, layers, cross)
+
+
+# Patterns ----------------------------------------------------------------------------------------------
+
+
+def self_attention_pattern(stack, layer_type: str, pos: Positions, cache: CacheView, global_mask):
+    """The self-attention pattern of the layers of `layer_type`, sized by the keys their cache layer
+    hands over. With packed rows (no cache content) key positions restart per sequence, so global
+    tokens are the first `global_tokens` of each sequence."""
+    config = stack.config
+    kind = LAYER_TYPE_PATTERN[layer_type]
+    is_global = global_tokens(config, kind, pos, global_mask)
+    if kind == "sliding_global":
+        indices = [i for i, other in enumerate(stack.layer_types) if other == layer_type]
+        cache.plan_global_window(
+            indices, config.sliding_window, config.global_tokens, is_global, pos.key_valid
+        )
+    keys = cache.key_geometry(stack.layer_types.index(layer_type), pos.length)
+    index = AttentionPattern.keys_at(torch.arange(keys.length, device=pos.device), keys.offset, keys.prefix)
+    valid = select_keys(pos.key_valid, index, False)
+    extra = {}
+    if is_global is not None:
+        extra.update(
+            global_keys=select_keys(is_global, index, False),
+            global_queries=new_columns(is_global, pos.past, pos.length),
+        )
+    if pos.packing is not None:
+        packed = (pos.packing.ids, pos.packing.starts, pos.packing.lengths)
+        extra.update(
+            query_packing=pos.packing,
+            key_packing=PackedSequences(*(select_keys(x, index, -1) for x in packed)),
+        )
+    if kind == "bigbird":
+        extra.update(random_blocks(config, stack.causal, pos, keys))
+    has_bias = config.position_embedding_type in ("alibi", "relative_bias")
+    return AttentionPattern(
+        kind=kind,
+        causal=stack.causal,
+        batch=pos.batch,
+        query_offset=pos.past,
+        query_length=pos.length,
+        key_offset=keys.offset,
+        key_length=keys.length,
+        key_prefix=keys.prefix,
+        total_length=pos.total,
+        device=pos.device,
+        key_valid=valid if valid is not None and is_padded(valid, pos.total, index) else None,
+        window=config.sliding_window,
+        block_size=config.attention_block_size,
+        bias_fn=stack.pair_bias if has_bias else None,
+        query_pos=pos.query,
+        key_pos=select_keys(pos.keys, index, 0),
+        **extra,
+    )
+
+
+def global_tokens(config, kind: str, pos: Positions, global_mask) -> torch.Tensor | None:
+    """(B, S) tokens that attend to all and that all attend, for the kinds with global tokens: the first
+    `global_tokens` real tokens of each row (or packed sequence) and those `global_mask` marks; never
+    padding. None for the other kinds."""
+    if kind not in ("sliding_global", "bigbird"):
+        return None
+    is_global = pos.keys < config.global_tokens
+    if global_mask is not None:
+        is_global = is_global | global_mask.bool()
+    if pos.key_valid is not None:
+        is_global = is_global & pos.key_valid
+    return is_global
+
+
+def random_blocks(config, causal: bool, pos: Positions, keys: KeyGeometry) -> dict:
+    """BigBird's random blocks (`random_table`, `random_index`, `random_start` of a pattern): every
+    query's blocks are counted from the first real token of its sequence (its row's, or its packed
+    sequence's), in the layout that sequence has alone, so padding and the rest of the batch change
+    nothing (DESIGN_NOTES item 7). A row holds one sequence unless packed: its start and real length
+    come from the padding mask over all P + T tokens, cached ones included, so a left-padded prompt
+    keeps its start while it grows."""
+    bs, total, t = config.attention_block_size, pos.total, pos.length
+    if pos.packing is not None:
+        starts, lengths = pos.packing.starts, pos.packing.lengths
+    elif pos.key_valid is not None:
+        alone = PackedSequences.from_starts(torch.zeros_like(pos.key_valid), pos.key_valid)
+        starts, lengths = new_columns(alone.starts, pos.past, t), new_columns(alone.lengths, pos.past, t)
+    else:
+        starts = torch.zeros(pos.batch, t, dtype=torch.long, device=pos.device)
+        lengths = starts + total
+    # A tensor count (static cache, compiled) sizes the tables by the cache's slots instead: rows
+    # past the tokens are never read.
+    seen = total if isinstance(total, int) else pos.span
+    n_blocks = -(-max(seen, keys.offset + keys.length) // bs)
+    table, index = random_layouts(config.random_seed, lengths, n_blocks, bs, config.num_random_blocks, causal)
+    return dict(random_table=table, random_index=index, random_start=starts)
+
+
+def cross_attention_pattern(pos: Positions, encoder_hidden_states, encoder_attention_mask, encoder_packing):
+    """Every decoder query sees every real encoder token (of its own packed sequence, when packed)."""
+    s_enc = encoder_hidden_states.shape[1]
+    enc_valid = encoder_attention_mask.bool() if encoder_attention_mask is not None else None
+    check_cross_packing(pos.packing, encoder_packing, pos.batch)
+    packed = pos.packing is not None
+    return AttentionPattern(
+        kind="full",
+        causal=False,
+        batch=pos.batch,
+        query_offset=pos.past,
+        query_length=pos.length,
+        key_offset=0,
+        key_length=s_enc,
+        total_length=s_enc,
+        device=pos.device,
+        key_valid=enc_valid if enc_valid is not None and is_padded(enc_valid, s_enc) else None,
+        query_packing=pos.packing if packed else None,
+        key_packing=encoder_packing if packed else None,
+    )
+
+
+def pattern_for_backend(stack, layer_type: str, pattern: AttentionPattern) -> AttentionPattern:
+    """The pattern the backend's mask is lowered from: with `global_projections`, the global query
+    rows are left out (their every-key rows would be computed and thrown away), since the layers
+    replace those rows by attention through the global projections (global_rows.py)."""
+    if not stack.config.global_projections or stack.causal or pattern.global_queries is None:
+        return pattern
+    if LAYER_TYPE_PATTERN[layer_type] not in GLOBAL_KINDS:
+        return pattern
+    return dataclasses.replace(pattern, global_queries=None)
+
+
+# Per-token values at the keys ----------------------------------------------------------------------------
+
+
+def select_keys(x: torch.Tensor | None, index: torch.Tensor, fill) -> torch.Tensor | None:
+    """(B, P + T) per-token values -> their values at the keys a cache layer hands to attention,
+    whose absolute indices are `index` (S,); `fill` past the end (empty rows of a static cache).
+    Always masked (no data-dependent shortcut), so compiled and exported graphs take the same path."""
+    if x is None:
+        return None
+    picked = x[:, index.clamp(max=x.shape[1] - 1)]
+    return picked.masked_fill(index >= x.shape[1], fill)
+
+
+def is_padded(valid: torch.Tensor, total, key_index: torch.Tensor | None = None) -> bool:
+    """Whether the keys `valid` (B, S) at absolute indices `key_index` (default 0..S-1) hold padding
+    below `total`.
+    While compiling (or with a tensor count) the answer would be data-dependent: always True there,
+    i.e. the mask is applied even when it masks nothing, as transformers' mask builders do."""
+    if torch.compiler.is_compiling() or not isinstance(total, int):
+        return True
+    return not bool((valid if key_index is None else valid[:, key_index < total]).all())
