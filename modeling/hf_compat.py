@@ -9,7 +9,7 @@ never replaces an entry transformers (or anyone else) made under the same name (
         `swapformer_per_layer` (the dispatcher of a {layer type: backend} mapping)
     cache layer types  `bigbird_attention` (dynamic: transformers' full `DynamicLayer`; static) and
         `sliding_global_attention` (static; its dynamic layer registers itself through transformers'
-        `_layer_type` hook, see modeling/stack.py: GlobalWindowLayer)
+        `_layer_type` hook, see modeling/cache.py: GlobalWindowLayer)
 
 The user-facing names `attn_implementation="sparse"` / `"sdpa_fa"` stay what configs hold and save:
 `ALL_ATTENTION_FUNCTIONS` below is swapformer's own `AttentionInterface` instance, the way

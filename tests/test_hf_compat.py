@@ -156,7 +156,7 @@ def test_cache_layer_types_are_registered():
 
 
 def test_cache_layer_subclass_hook_registers_its_layer_type():
-    """GlobalWindowLayer (modeling/stack.py) registers itself through transformers' `_layer_type` hook."""
+    """GlobalWindowLayer (modeling/cache.py) registers itself through transformers' `_layer_type` hook."""
     mapping = hf_compat.DYNAMIC_LAYER_TYPE_MAPPING
     type("ContractProbeLayer", (transformers.DynamicLayer,), {"_layer_type": "swapformer_contract_probe"})
     try:
@@ -186,7 +186,7 @@ def test_initialization_functions():
 
 
 def test_sliding_window_cache_layer():
-    """The window-of-1 fix (modeling/stack.py: SlidingWindowLayer) subclasses it and reads these."""
+    """The window-of-1 fix (modeling/cache.py: SlidingWindowLayer) subclasses it and reads these."""
     layer_class = hf_compat.DynamicSlidingWindowLayer
     contract(
         issubclass(layer_class, transformers.DynamicLayer), "DynamicSlidingWindowLayer", "not a DynamicLayer"
