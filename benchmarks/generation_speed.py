@@ -45,7 +45,7 @@ from transformers import (
 
 import swapformer
 from swapformer.conversion import from_hf_model
-from swapformer.modeling.modeling_base import DecodingWeights
+from swapformer.modeling.decoding_weights import DecodingWeights
 
 PROMPT, NEW = 32, 128
 VARIANTS = {"swapformer": "all", "head copy only": "lm_head", "no copies": "none"}  # decoding_copies

@@ -17,7 +17,7 @@ from transformers import (
 )
 
 import swapformer
-from swapformer.modeling.modeling_base import token_cross_entropy
+from swapformer.modeling.losses import token_cross_entropy
 
 from conftest import ARCHS, BASE_CLASSES, LM_CLASSES, build, max_diff, padded_batch, tiny_config
 
