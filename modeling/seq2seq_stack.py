@@ -56,10 +56,12 @@ class Seq2SeqStack(StackMixin, nn.Module):
         cache: Cache | None = None,
         return_dict: bool | None = None,
         encoder_packing: PackedSequences | None = None,
-        **kwargs: Unpack[BaseModelKwargs],
+        **inputs: Unpack[BaseModelKwargs],
     ):
-        """kwargs: `BaseModelKwargs`; its packed sequences describe this half's input.
-        `encoder_packing` (decoder half) pairs each packed decoder sequence with its encoder sequence."""
+        """inputs: `BaseModelKwargs`; its packed sequences describe this half's input. Not named
+        `kwargs`: generate() hands an encoder whose forward has a parameter `kwargs` every model
+        keyword (labels too), and otherwise only those its signature names.
+        encoder_packing (decoder half): pairs each packed decoder sequence with its encoder sequence."""
         if self.is_decoder and encoder_hidden_states is None:
             raise ValueError("The decoder needs encoder_hidden_states (the encoder's last hidden state)")
         h, hidden, attns, cross = self.forward_stack(
@@ -72,7 +74,7 @@ class Seq2SeqStack(StackMixin, nn.Module):
             encoder_attention_mask=encoder_attention_mask,
             input_prefix="decoder_" if self.is_decoder else "",
             encoder_packing=encoder_packing,
-            **stack_inputs(self, kwargs),
+            **stack_inputs(self, inputs),
         )
         if self.is_decoder:
             out = BaseModelOutputWithPastAndCrossAttentions(
