@@ -155,6 +155,15 @@ def finish_output(config, output, return_dict: bool | None):
     return output if (config.return_dict if return_dict is None else return_dict) else output.to_tuple()
 
 
+def head_output(model: nn.Module, output_class: type, base_output, return_dict: bool | None, **fields):
+    """A task head's output: its own `fields` (loss, logits) and every field of the base model's
+    output that `output_class` also has (cache, hidden states, attentions), as `finish_output` gives it."""
+    carried = {
+        k: v for k, v in base_output.items() if k in output_class.__dataclass_fields__ and k not in fields
+    }
+    return finish_output(model.config, output_class(**carried, **fields), return_dict)
+
+
 def keep_positions(h: torch.Tensor, logits_to_keep: int | torch.Tensor) -> torch.Tensor:
     """The positions of h (B, T, E) that need logits, by transformers' rule (`slice_logits_to_keep`):
     an int N keeps the last N (0: all); a 1-D tensor indexes positions of every row; a 2-D integer
@@ -259,6 +268,7 @@ __all__ = [
     "SwapformerPreTrainedModel",
     "check_base_inputs",
     "finish_output",
+    "head_output",
     "keep_positions",
     "stack_inputs",
     "takes_base_inputs",

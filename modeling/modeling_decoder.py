@@ -20,6 +20,7 @@ from .modeling_base import (
     BaseModelKwargs,
     SwapformerPreTrainedModel,
     finish_output,
+    head_output,
     keep_positions,
     stack_inputs,
     takes_base_inputs,
@@ -128,14 +129,7 @@ class DecoderForCausalLM(DecoderPreTrainedModel, SwapformerGenerationMixin):
         out = self.model(*base_inputs, return_dict=True, **kwargs)
         logits = self.lm_head(keep_positions(out.last_hidden_state, logits_to_keep))
         loss = causal_lm_loss(logits, labels, shift_labels, num_items_in_batch)
-        result = CausalLMOutputWithPast(
-            loss=loss,
-            logits=logits,
-            cache=out.cache,
-            hidden_states=out.hidden_states,
-            attentions=out.attentions,
-        )
-        return finish_output(self.config, result, return_dict)
+        return head_output(self, CausalLMOutputWithPast, out, return_dict, loss=loss, logits=logits)
 
     def _update_model_kwargs_for_generation(
         self, outputs, model_kwargs, is_encoder_decoder: bool = False, num_new_tokens: int = 1
@@ -196,14 +190,7 @@ class DecoderForSequenceClassification(DecoderPreTrainedModel):
             )
         pooled = logits[torch.arange(b, device=logits.device), last]
         loss = sequence_classification_loss(self.config, pooled, labels) if labels is not None else None
-        result = SequenceClassifierOutputWithPast(
-            loss=loss,
-            logits=pooled,
-            cache=out.cache,
-            hidden_states=out.hidden_states,
-            attentions=out.attentions,
-        )
-        return finish_output(self.config, result, return_dict)
+        return head_output(self, SequenceClassifierOutputWithPast, out, return_dict, loss=loss, logits=pooled)
 
 
 AUTO_CLASSES = {

@@ -21,6 +21,7 @@ from .modeling_base import (
     BaseModelKwargs,
     SwapformerPreTrainedModel,
     finish_output,
+    head_output,
     stack_inputs,
     takes_base_inputs,
 )
@@ -143,10 +144,7 @@ class EncoderForMaskedLM(EncoderPreTrainedModel):
         loss = None
         if labels is not None:
             loss = token_cross_entropy(logits, labels, shift=False, num_items_in_batch=num_items_in_batch)
-        result = MaskedLMOutput(
-            loss=loss, logits=logits, hidden_states=out.hidden_states, attentions=out.attentions
-        )
-        return finish_output(self.config, result, return_dict)
+        return head_output(self, MaskedLMOutput, out, return_dict, loss=loss, logits=logits)
 
 
 def classifier_dropout(config: EncoderConfig) -> float:
@@ -206,10 +204,7 @@ class EncoderForSequenceClassification(EncoderPreTrainedModel):
         else:
             logits = self.classifier(out.last_hidden_state)
         loss = sequence_classification_loss(self.config, logits, labels) if labels is not None else None
-        result = SequenceClassifierOutput(
-            loss=loss, logits=logits, hidden_states=out.hidden_states, attentions=out.attentions
-        )
-        return finish_output(self.config, result, return_dict)
+        return head_output(self, SequenceClassifierOutput, out, return_dict, loss=loss, logits=logits)
 
 
 class EncoderForTokenClassification(EncoderPreTrainedModel):
@@ -242,10 +237,7 @@ class EncoderForTokenClassification(EncoderPreTrainedModel):
         loss = None
         if labels is not None:
             loss = token_cross_entropy(logits, labels, shift=False, num_items_in_batch=num_items_in_batch)
-        result = TokenClassifierOutput(
-            loss=loss, logits=logits, hidden_states=out.hidden_states, attentions=out.attentions
-        )
-        return finish_output(self.config, result, return_dict)
+        return head_output(self, TokenClassifierOutput, out, return_dict, loss=loss, logits=logits)
 
 
 class EncoderForQuestionAnswering(EncoderPreTrainedModel):
@@ -278,14 +270,15 @@ class EncoderForQuestionAnswering(EncoderPreTrainedModel):
         loss = None
         if start_positions is not None and end_positions is not None:
             loss = span_loss(start_logits, end_logits, start_positions, end_positions)
-        result = QuestionAnsweringModelOutput(
+        return head_output(
+            self,
+            QuestionAnsweringModelOutput,
+            out,
+            return_dict,
             loss=loss,
             start_logits=start_logits.contiguous(),
             end_logits=end_logits.contiguous(),
-            hidden_states=out.hidden_states,
-            attentions=out.attentions,
         )
-        return finish_output(self.config, result, return_dict)
 
 
 AUTO_CLASSES = {

@@ -7,11 +7,7 @@ import torch
 from torch import nn
 from transformers import initialization as init
 from transformers.cache_utils import Cache, DynamicCache, EncoderDecoderCache
-from transformers.modeling_outputs import (
-    BaseModelOutput,
-    Seq2SeqLMOutput,
-    Seq2SeqModelOutput,
-)
+from transformers.modeling_outputs import BaseModelOutput, Seq2SeqLMOutput, Seq2SeqModelOutput
 from typing_extensions import Unpack
 
 from ..configuration.configuration_swapformer import Seq2SeqConfig
@@ -24,6 +20,7 @@ from .modeling_base import (
     SwapformerPreTrainedModel,
     check_base_inputs,
     finish_output,
+    head_output,
     keep_positions,
     takes_base_inputs,
 )
@@ -102,6 +99,34 @@ class Seq2SeqModel(Seq2SeqPreTrainedModel):
     def get_encoder(self, modality: str | None = None):
         return self.encoder
 
+    def run_encoder(self, input_ids, attention_mask, position_ids, inputs_embeds, encoder_outputs, kwargs):
+        """The encoder's output (computed, or `encoder_outputs` as given) and its packed sequences,
+        found again from the inputs when the output was given, for cross-attention."""
+        if encoder_outputs is None:
+            encoder_outputs = self.encoder(
+                input_ids, attention_mask, position_ids, inputs_embeds, return_dict=True, **kwargs
+            )
+        elif not isinstance(encoder_outputs, BaseModelOutput):
+            encoder_outputs = BaseModelOutput(*encoder_outputs)
+        encoder_h = encoder_outputs.last_hidden_state
+        encoder_packing = find_packed_sequences(
+            batch=encoder_h.shape[0],
+            length=encoder_h.shape[1],
+            device=encoder_h.device,
+            key_valid=attention_mask,
+            position_ids=position_ids,
+            **{name: kwargs.get(name) for name in PACKING_INPUTS},
+        )
+        return encoder_outputs, encoder_packing
+
+    def decoder_cache(self, cache: Cache | None, use_cache: bool | None) -> Cache | None:
+        """The caller's cache, always read and updated, or a new one on request (`use_cache`)."""
+        if use_cache_unless_checkpointing(self, use_cache) and cache is None:
+            cache = EncoderDecoderCache(DynamicCache(config=self.config), DynamicCache(config=self.config))
+        if isinstance(cache, EncoderDecoderCache):
+            keep_all_encoder_keys(cache)
+        return cache
+
     @cache_argument
     @takes_base_inputs
     def forward(
@@ -125,8 +150,7 @@ class Seq2SeqModel(Seq2SeqPreTrainedModel):
             attention_mask: (B, S_enc) padding mask of the encoder input (also masks cross-attention).
             decoder_attention_mask: (B, P + T) padding mask of the decoder input.
             encoder_outputs: a previous encoder output, reused instead of running the encoder.
-            cache: an `EncoderDecoderCache` (self-attention and cross-attention keys/values);
-                `past_key_values=` and `cache_params=` are its deprecated names.
+            cache: an `EncoderDecoderCache` (`past_key_values=` and `cache_params=`: deprecated names).
             position_ids: (B, S_enc) positions of the encoder input; restarting ones mark packed
                 sequences. Packed decoder inputs (restarting `decoder_position_ids`) pair their n-th
                 sequence with the n-th encoder one.
@@ -134,36 +158,14 @@ class Seq2SeqModel(Seq2SeqPreTrainedModel):
                 sequences of the encoder input.
         """
         check_base_inputs(self, kwargs)
-        outputs = {k: kwargs[k] for k in ("output_attentions", "output_hidden_states") if k in kwargs}
-        if encoder_outputs is None:
-            encoder_outputs = self.encoder(
-                input_ids,
-                attention_mask,
-                position_ids,
-                inputs_embeds,
-                return_dict=True,
-                **kwargs,
-            )
-        elif not isinstance(encoder_outputs, BaseModelOutput):
-            encoder_outputs = BaseModelOutput(*encoder_outputs)
-        encoder_h = encoder_outputs.last_hidden_state
-        # the encoder's packed sequences again (also when encoder_outputs was given), for cross-attention
-        encoder_packing = find_packed_sequences(
-            batch=encoder_h.shape[0],
-            length=encoder_h.shape[1],
-            device=encoder_h.device,
-            key_valid=attention_mask,
-            position_ids=position_ids,
-            **{name: kwargs.get(name) for name in PACKING_INPUTS},
+        encoder_outputs, encoder_packing = self.run_encoder(
+            input_ids, attention_mask, position_ids, inputs_embeds, encoder_outputs, kwargs
         )
         if decoder_input_ids is None and decoder_inputs_embeds is None:
             raise ValueError(
                 "Pass decoder_input_ids or decoder_inputs_embeds (or labels to the LM, which makes them)"
             )
-        if use_cache_unless_checkpointing(self, use_cache) and cache is None:
-            cache = EncoderDecoderCache(DynamicCache(config=self.config), DynamicCache(config=self.config))
-        if isinstance(cache, EncoderDecoderCache):
-            keep_all_encoder_keys(cache)
+        cache = self.decoder_cache(cache, use_cache)
         dec = self.decoder(
             input_ids=decoder_input_ids,
             attention_mask=decoder_attention_mask,
@@ -174,7 +176,8 @@ class Seq2SeqModel(Seq2SeqPreTrainedModel):
             encoder_packing=encoder_packing,
             cache=cache,
             return_dict=True,
-            **outputs,
+            output_attentions=kwargs.get("output_attentions"),
+            output_hidden_states=kwargs.get("output_hidden_states"),
         )
         out = Seq2SeqModelOutput(
             last_hidden_state=dec.last_hidden_state,
@@ -217,6 +220,15 @@ class Seq2SeqForConditionalGeneration(Seq2SeqPreTrainedModel, SwapformerGenerati
     def prepare_decoder_input_ids_from_labels(self, labels: torch.Tensor) -> torch.Tensor:
         return shift_tokens_right(labels, self.config.pad_token_id, self.config.decoder_start_token_id)
 
+    def output_logits(self, h: torch.Tensor, logits_to_keep: int | torch.Tensor) -> torch.Tensor:
+        """The LM head on the kept positions of the decoder's output (B, T, E)."""
+        if self.config.scale_decoder_outputs:
+            h = h * self.config.hidden_size**-0.5  # T5 v1.0: the tied embedding read as output projection
+        logits = self.lm_head(keep_positions(h, logits_to_keep))
+        if self.final_logits_bias is not None:
+            logits = logits + self.final_logits_bias.to(logits.device)
+        return logits
+
     @cache_argument
     @takes_base_inputs
     def forward(
@@ -249,41 +261,25 @@ class Seq2SeqForConditionalGeneration(Seq2SeqPreTrainedModel, SwapformerGenerati
             check_label_ids(labels, self.config.vocab_size)  # before they become decoder_input_ids
             decoder_input_ids = self.prepare_decoder_input_ids_from_labels(labels)
         out = self.model(
-            input_ids,
-            attention_mask,
-            decoder_input_ids,
-            decoder_attention_mask,
-            decoder_position_ids,
-            encoder_outputs,
-            cache,
-            inputs_embeds,
-            decoder_inputs_embeds,
-            use_cache,
-            return_dict=True,
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            decoder_input_ids=decoder_input_ids,
+            decoder_attention_mask=decoder_attention_mask,
+            decoder_position_ids=decoder_position_ids,
+            encoder_outputs=encoder_outputs,
+            cache=cache,
+            inputs_embeds=inputs_embeds,
+            decoder_inputs_embeds=decoder_inputs_embeds,
+            use_cache=use_cache,
             position_ids=position_ids,
+            return_dict=True,
             **kwargs,
         )
-        h = out.last_hidden_state
-        if self.config.scale_decoder_outputs:
-            h = h * self.config.hidden_size**-0.5  # T5 v1.0: the tied embedding read as output projection
-        logits = self.lm_head(keep_positions(h, logits_to_keep))
-        if self.final_logits_bias is not None:
-            logits = logits + self.final_logits_bias.to(logits.device)
+        logits = self.output_logits(out.last_hidden_state, logits_to_keep)
         loss = None
         if labels is not None:
             loss = token_cross_entropy(logits, labels, shift=False, num_items_in_batch=num_items_in_batch)
-        result = Seq2SeqLMOutput(
-            loss=loss,
-            logits=logits,
-            cache=out.cache,
-            decoder_hidden_states=out.decoder_hidden_states,
-            decoder_attentions=out.decoder_attentions,
-            cross_attentions=out.cross_attentions,
-            encoder_last_hidden_state=out.encoder_last_hidden_state,
-            encoder_hidden_states=out.encoder_hidden_states,
-            encoder_attentions=out.encoder_attentions,
-        )
-        return finish_output(self.config, result, return_dict)
+        return head_output(self, Seq2SeqLMOutput, out, return_dict, loss=loss, logits=logits)
 
 
 AUTO_CLASSES = {
