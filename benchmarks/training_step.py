@@ -20,10 +20,10 @@ without native bf16 (AVX2 only) the autocast row measures emulated bf16 matmuls.
 from __future__ import annotations
 
 import argparse
-import os
 import time
 
 import torch
+from measure import machine
 from transformers import BertConfig, BertForMaskedLM, LlamaConfig, LlamaForCausalLM
 
 import swapformer
@@ -122,15 +122,6 @@ def measure(name, mode, args) -> dict:
             step()
             best[label] = min(best[label], time.perf_counter() - start)
     return {"first_loss": first, "seconds": best}
-
-
-def machine() -> str:
-    with open("/proc/cpuinfo") as f:
-        cpu = next(
-            (line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), "unknown CPU"
-        )
-    load = os.getloadavg()
-    return f"{cpu}, {os.cpu_count()} cores, load average {load[0]:.2f} / {load[1]:.2f} / {load[2]:.2f}"
 
 
 def main(argv=None):

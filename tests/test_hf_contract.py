@@ -267,6 +267,62 @@ def test_every_missing_weight_is_materialised_initialised_and_reported(name, ove
         assert all(torch.isfinite(v).all() for v in out.values() if torch.is_tensor(v)), label
 
 
+# Base-model inputs through the heads' **kwargs (issue 12, item 5) -------------------------------
+
+
+@pytest.mark.parametrize("name", sorted(ALL_CLASSES))
+def test_misspelt_keyword_is_a_type_error_and_base_inputs_reach_the_base_model(name):
+    """A head passes its base model's inputs on as **kwargs. A misspelt keyword still fails (a
+    TypeError naming it; transformers' own heads would ignore it), with the encoder output given too
+    (when the encoder does not run); the inputs that pass through arrive (hidden states, packing)."""
+    arch, model_class = ALL_CLASSES[name]
+    model = build(model_class, tiny_config(arch))
+    ids, mask = padded_batch()
+    inputs = dict(input_ids=ids, attention_mask=mask)
+    if arch == "seq2seq":
+        inputs["decoder_input_ids"] = ids[:, :4]
+    with torch.no_grad(), pytest.raises(TypeError, match="output_hiden_states"):
+        model(**inputs, output_hiden_states=True)
+    if arch == "seq2seq":
+        encoder_outputs = model.get_encoder()(ids, attention_mask=mask)
+        with torch.no_grad(), pytest.raises(TypeError, match="seq_ids"):
+            model(**inputs, encoder_outputs=encoder_outputs, seq_ids=None)
+    with torch.no_grad():
+        out = model(**inputs, output_hidden_states=True)
+    hidden = out.encoder_hidden_states if arch == "seq2seq" else out.hidden_states
+    assert len(hidden) == 3
+    if arch == "seq2seq":
+        return
+    with torch.no_grad():  # one packed row of two sequences (4 + 5 tokens), marked in two ways
+        by_positions = model(input_ids=ids[:1], position_ids=torch.tensor([[0, 1, 2, 3, 0, 1, 2, 3, 4]]))
+        bounds = torch.tensor([0, 4, 9])
+        by_bounds = model(input_ids=ids[:1], cu_seq_lens_q=bounds, cu_seq_lens_k=bounds)
+        whole = model(input_ids=ids[:1])
+    first = (lambda o: o[0]) if name != "EncoderForQuestionAnswering" else (lambda o: o.start_logits)
+    assert max_diff(first(by_positions), first(by_bounds)) <= 1e-5
+    assert max_diff(first(by_bounds), first(whole)) > 1e-3
+
+
+def test_heads_show_the_base_inputs_to_trainer_and_generate():
+    """Trainer keeps only dataset columns named in forward's signature, and generate() refuses keywords
+    it does not name: every head lists the `BaseModelKwargs` names (global_attention_mask, the
+    packing inputs) and its own; the classification heads refuse Trainer's token count."""
+    import inspect
+
+    from swapformer.modeling.modeling_base import BaseModelKwargs
+
+    for name, (_, model_class) in ALL_CLASSES.items():
+        names = set(inspect.signature(model_class.forward).parameters)
+        assert BaseModelKwargs.__optional_keys__ <= names, name
+        assert {"input_ids", "attention_mask", "return_dict"} <= names, name
+    for model_class in (
+        swapformer.EncoderForSequenceClassification,
+        swapformer.EncoderForQuestionAnswering,
+        swapformer.DecoderForSequenceClassification,
+    ):
+        assert model_class.accepts_loss_kwargs is False
+
+
 # Loss keyword arguments (item 9) -----------------------------------------------------------------
 
 

@@ -5,6 +5,7 @@ mode the benchmark times (fp32, bf16 autocast, activation checkpointing). No tim
 from __future__ import annotations
 
 import importlib.util
+import sys
 from pathlib import Path
 
 import pytest
@@ -14,6 +15,8 @@ TINY = "--layers 2 --hidden 32 --heads 2 --intermediate 64 --vocab 128 --batch 2
 
 
 def load_benchmark():
+    if str(BENCHMARK.parent) not in sys.path:  # the benchmarks import their shared measure.py
+        sys.path.insert(0, str(BENCHMARK.parent))
     spec = importlib.util.spec_from_file_location("training_step_benchmark", BENCHMARK)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
