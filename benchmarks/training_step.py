@@ -33,31 +33,28 @@ MODES = ("fp32", "bf16 autocast", "activation checkpointing")
 
 
 def families(args):
-    shape = dict(
-        vocab_size=args.vocab,
-        hidden_size=args.hidden,
-        num_hidden_layers=args.layers,
-        num_attention_heads=args.heads,
-        intermediate_size=args.intermediate,
-        attn_implementation="sdpa",
-    )
+    """{name: (transformers model maker, swapformer class, batch maker)}; the two families share
+    their shape (and sdpa attention), and neither has dropout."""
+    shape = {"vocab_size": args.vocab, "hidden_size": args.hidden, "intermediate_size": args.intermediate}
+    shape |= {
+        "num_hidden_layers": args.layers,
+        "num_attention_heads": args.heads,
+        "attn_implementation": "sdpa",
+    }
+    llama = {"num_key_value_heads": args.heads, "max_position_embeddings": args.length}
+    bert = {
+        "max_position_embeddings": args.length,
+        "hidden_dropout_prob": 0.0,
+        "attention_probs_dropout_prob": 0.0,
+    }
     return {
         f"Llama-shaped decoder ({args.layers} x {args.hidden})": (
-            lambda: LlamaForCausalLM(
-                LlamaConfig(**shape, num_key_value_heads=args.heads, max_position_embeddings=args.length)
-            ),
+            lambda: LlamaForCausalLM(LlamaConfig(**shape, **llama)),
             swapformer.DecoderForCausalLM,
             causal_batch,
         ),
         f"BERT-shaped MLM encoder ({args.layers} x {args.hidden})": (
-            lambda: BertForMaskedLM(
-                BertConfig(
-                    **shape,
-                    max_position_embeddings=args.length,
-                    hidden_dropout_prob=0.0,
-                    attention_probs_dropout_prob=0.0,
-                )
-            ),
+            lambda: BertForMaskedLM(BertConfig(**shape, **bert)),
             swapformer.EncoderForMaskedLM,
             masked_batch,
         ),

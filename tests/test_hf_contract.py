@@ -25,21 +25,26 @@ import swapformer
 
 from conftest import LM_CLASSES, VOCAB, build, max_diff, padded_batch, tiny_config
 
-CACHED_CLASSES = {
-    "DecoderModel": ("decoder", swapformer.DecoderModel),
-    "DecoderForCausalLM": ("decoder", swapformer.DecoderForCausalLM),
-    "DecoderForSequenceClassification": ("decoder", swapformer.DecoderForSequenceClassification),
-    "Seq2SeqModel": ("seq2seq", swapformer.Seq2SeqModel),
-    "Seq2SeqForConditionalGeneration": ("seq2seq", swapformer.Seq2SeqForConditionalGeneration),
+CACHED_CLASSES = {  # {class name: (arch, class)} for the models that take a cache
+    cls.__name__: (arch, cls)
+    for arch, classes in {
+        "decoder": (
+            swapformer.DecoderModel,
+            swapformer.DecoderForCausalLM,
+            swapformer.DecoderForSequenceClassification,
+        ),
+        "seq2seq": (swapformer.Seq2SeqModel, swapformer.Seq2SeqForConditionalGeneration),
+    }.items()
+    for cls in classes
 }
-ALL_CLASSES = {
-    "EncoderModel": ("encoder", swapformer.EncoderModel),
-    "EncoderForMaskedLM": ("encoder", swapformer.EncoderForMaskedLM),
-    "EncoderForSequenceClassification": ("encoder", swapformer.EncoderForSequenceClassification),
-    "EncoderForTokenClassification": ("encoder", swapformer.EncoderForTokenClassification),
-    "EncoderForQuestionAnswering": ("encoder", swapformer.EncoderForQuestionAnswering),
-    **CACHED_CLASSES,
-}
+ENCODER_CLASSES = (
+    swapformer.EncoderModel,
+    swapformer.EncoderForMaskedLM,
+    swapformer.EncoderForSequenceClassification,
+    swapformer.EncoderForTokenClassification,
+    swapformer.EncoderForQuestionAnswering,
+)
+ALL_CLASSES = {**{cls.__name__: ("encoder", cls) for cls in ENCODER_CLASSES}, **CACHED_CLASSES}
 
 
 def lm_batch(arch, batch=3):
@@ -52,15 +57,12 @@ def lm_batch(arch, batch=3):
 
 
 def tiny_llama():
+    """transformers' Llama at the size of conftest's tiny decoder, with 2 key/value heads."""
     torch.manual_seed(0)
+    ours = tiny_config("decoder")
+    sizes = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads")
     config = LlamaConfig(
-        vocab_size=VOCAB,
-        hidden_size=32,
-        intermediate_size=48,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        pad_token_id=0,
+        **{name: getattr(ours, name) for name in sizes}, num_key_value_heads=2, pad_token_id=0
     )
     return LlamaForCausalLM(config).eval()
 
