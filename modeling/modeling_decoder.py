@@ -57,6 +57,7 @@ class DecoderModel(StackMixin, DecoderPreTrainedModel):
         cache: Cache | None = None,
         inputs_embeds: torch.Tensor | None = None,
         use_cache: bool | None = None,
+        *,
         return_dict: bool | None = None,
         **kwargs: Unpack[BaseModelKwargs],
     ) -> BaseModelOutputWithPast | tuple:
@@ -109,6 +110,7 @@ class DecoderForCausalLM(DecoderPreTrainedModel, SwapformerGenerationMixin):
         inputs_embeds: torch.Tensor | None = None,
         labels: torch.Tensor | None = None,
         use_cache: bool | None = None,
+        *,
         logits_to_keep: int | torch.Tensor = 0,
         return_dict: bool | None = None,
         num_items_in_batch: int | torch.Tensor | None = None,
@@ -167,6 +169,7 @@ class DecoderForSequenceClassification(DecoderPreTrainedModel):
         inputs_embeds: torch.Tensor | None = None,
         labels: torch.Tensor | None = None,
         use_cache: bool | None = None,
+        *,
         return_dict: bool | None = None,
         **kwargs: Unpack[BaseModelKwargs],
     ) -> SequenceClassifierOutputWithPast | tuple:

@@ -72,6 +72,7 @@ class EncoderModel(StackMixin, EncoderPreTrainedModel):
         token_type_ids: torch.Tensor | None = None,
         position_ids: torch.Tensor | None = None,
         inputs_embeds: torch.Tensor | None = None,
+        *,
         return_dict: bool | None = None,
         **kwargs: Unpack[BaseModelKwargs],
     ) -> BaseModelOutputWithPooling | tuple:
@@ -133,6 +134,7 @@ class EncoderForMaskedLM(EncoderPreTrainedModel):
         position_ids: torch.Tensor | None = None,
         inputs_embeds: torch.Tensor | None = None,
         labels: torch.Tensor | None = None,
+        *,
         num_items_in_batch: int | torch.Tensor | None = None,
         return_dict: bool | None = None,
         **kwargs: Unpack[BaseModelKwargs],
@@ -193,6 +195,7 @@ class EncoderForSequenceClassification(EncoderPreTrainedModel):
         position_ids: torch.Tensor | None = None,
         inputs_embeds: torch.Tensor | None = None,
         labels: torch.Tensor | None = None,
+        *,
         return_dict: bool | None = None,
         **kwargs: Unpack[BaseModelKwargs],
     ) -> SequenceClassifierOutput | tuple:
@@ -226,6 +229,7 @@ class EncoderForTokenClassification(EncoderPreTrainedModel):
         position_ids: torch.Tensor | None = None,
         inputs_embeds: torch.Tensor | None = None,
         labels: torch.Tensor | None = None,
+        *,
         num_items_in_batch: int | torch.Tensor | None = None,
         return_dict: bool | None = None,
         **kwargs: Unpack[BaseModelKwargs],
@@ -259,6 +263,7 @@ class EncoderForQuestionAnswering(EncoderPreTrainedModel):
         inputs_embeds: torch.Tensor | None = None,
         start_positions: torch.Tensor | None = None,
         end_positions: torch.Tensor | None = None,
+        *,
         return_dict: bool | None = None,
         **kwargs: Unpack[BaseModelKwargs],
     ) -> QuestionAnsweringModelOutput | tuple:
