@@ -222,11 +222,15 @@ def takes_base_inputs(forward):
     *params, var_keyword = signature.parameters.values()
     if var_keyword.kind is not inspect.Parameter.VAR_KEYWORD:
         raise TypeError(f"{forward.__qualname__} must end with **kwargs to take the base-model inputs")
-    listed = [  # (annotations are strings here, wrapped by TypedDict as ForwardRefs)
+    listed = [
+        # annotations are strings (postponed evaluation), which TypedDict wraps as ForwardRefs
         inspect.Parameter(
-            name, inspect.Parameter.KEYWORD_ONLY, default=None, annotation=annotation.__forward_arg__
+            name,
+            inspect.Parameter.KEYWORD_ONLY,
+            default=None,
+            annotation=getattr(hint, "__forward_arg__", hint),
         )
-        for name, annotation in BaseModelKwargs.__annotations__.items()
+        for name, hint in BaseModelKwargs.__annotations__.items()
         if name not in signature.parameters
     ]
     forward.__signature__ = signature.replace(parameters=[*params, *listed, var_keyword])

@@ -314,8 +314,10 @@ def test_heads_show_the_base_inputs_to_trainer_and_generate():
     from swapformer.modeling.modeling_base import BaseModelKwargs
 
     for name, (_, model_class) in ALL_CLASSES.items():
-        names = set(inspect.signature(model_class.forward).parameters)
+        params = inspect.signature(model_class.forward).parameters
+        names = set(params)
         assert BaseModelKwargs.__optional_keys__ <= names, name
+        assert all(params[k].default is None for k in BaseModelKwargs.__optional_keys__), name
         assert {"input_ids", "attention_mask", "return_dict"} <= names, name
     for model_class in (
         swapformer.EncoderForSequenceClassification,
