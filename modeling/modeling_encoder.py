@@ -275,15 +275,8 @@ class EncoderForQuestionAnswering(EncoderPreTrainedModel):
         loss = None
         if start_positions is not None and end_positions is not None:
             loss = span_loss(start_logits, end_logits, start_positions, end_positions)
-        return head_output(
-            self,
-            QuestionAnsweringModelOutput,
-            out,
-            return_dict,
-            loss=loss,
-            start_logits=start_logits.contiguous(),
-            end_logits=end_logits.contiguous(),
-        )
+        spans = dict(start_logits=start_logits.contiguous(), end_logits=end_logits.contiguous())
+        return head_output(self, QuestionAnsweringModelOutput, out, return_dict, loss=loss, **spans)
 
 
 AUTO_CLASSES = {
