@@ -28,6 +28,10 @@ Hooks swapformer overrides or reads on transformers' base classes (contract-test
     cache layers; PreTrainedConfig._attn_implementation_internal, _remove_keys_not_serialized and its
     `validate_layer_type` class validator (configuration/configuration_swapformer.py; configuration
     imports no torch, so those are not imported from here).
+Outside modeling (hub_cards/publish.py, which may import modeling but not the reverse):
+    Trainer.push_to_hub is wrapped (once, marked) so that, for a swapformer model, the README that
+    Trainer writes through `self.create_model_card` just before `upload_folder` becomes swapformer's
+    card, after a preflight; swapformer replaces `create_model_card` on the instance for that call only.
 """
 
 from __future__ import annotations

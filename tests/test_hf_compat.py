@@ -248,3 +248,22 @@ def test_config_internals():
         "PreTrainedConfig validate_layer_type",
         f"validators {validators}",
     )
+
+
+def test_trainer_push_to_hub_writes_its_card_through_create_model_card_then_uploads():
+    """hub_cards/publish.py swaps the card Trainer.push_to_hub uploads by replacing `create_model_card`
+    on the instance: that works while push_to_hub saves, then calls self.create_model_card, then
+    uploads the folder, in that order."""
+    from transformers import Trainer
+
+    source = inspect.getsource(
+        Trainer.push_to_hub.__wrapped__
+        if hasattr(Trainer.push_to_hub, "__wrapped__")
+        else Trainer.push_to_hub
+    )
+    order = [source.find(call) for call in ("self.save_model(", "self.create_model_card(", ".upload_folder(")]
+    contract(
+        -1 not in order and order == sorted(order),
+        "Trainer.push_to_hub",
+        f"no longer calls save_model, self.create_model_card and upload_folder in that order (positions {order})",
+    )
