@@ -189,3 +189,23 @@ def test_trainer_push_to_hub_uploads_swapformer_card_with_the_training_summary(t
     assert MARK in readme and "Trained with transformers' Trainer" in readme
     assert "learning_rate" in readme  # Trainer's hyperparameters, kept as a section
     assert ModelCard(readme).data.pipeline_tag == "text-generation"
+
+
+def test_trainer_push_to_hub_keeps_a_card_the_user_wrote(tmp_path, monkeypatch):
+    users = "---\nlicense: mit\n---\n# Mine\n\nWritten by hand.\n"
+    hub = Hub(monkeypatch, card=users)  # on the Hub, not in the output folder
+    model = build(swapformer.EncoderForMaskedLM, tiny_config("encoder"))
+    data = [{"input_ids": list(range(3, 11)), "labels": list(range(3, 11))} for _ in range(4)]
+    args = TrainingArguments(
+        tmp_path / "out",
+        max_steps=1,
+        per_device_train_batch_size=2,
+        report_to=[],
+        use_cpu=True,
+        hub_model_id="me/mine",
+    )
+    trainer = Trainer(model=model, args=args, train_dataset=data)
+    trainer.train()
+    trainer.push_to_hub()
+    readme = hub.readme()
+    assert "Written by hand." in readme and MARK not in readme and ModelCard(readme).data.license == "mit"
