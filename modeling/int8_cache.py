@@ -46,7 +46,9 @@ class Int8Rows:
     def quantize(cls, x: torch.Tensor) -> Int8Rows:
         if x.dim() != 4:
             if x.numel():
-                raise ValueError(f"Int8Rows holds (batch, heads, tokens, head_dim) tensors, got shape {tuple(x.shape)}")
+                raise ValueError(
+                    f"Int8Rows holds (batch, heads, tokens, head_dim) tensors, got shape {tuple(x.shape)}"
+                )
             return cls(torch.empty(0, dtype=torch.int8, device=x.device), torch.empty(0, device=x.device))
         x = x.float()
         # an all-zero vector keeps a non-zero scale (its q is 0 either way)
@@ -63,7 +65,9 @@ class Int8Rows:
         return self.data.shape[-2] if self.data.dim() == 4 else 0
 
     def cat(self, other: Int8Rows) -> Int8Rows:
-        return Int8Rows(torch.cat([self.data, other.data], dim=-2), torch.cat([self.scale, other.scale], dim=-2))
+        return Int8Rows(
+            torch.cat([self.data, other.data], dim=-2), torch.cat([self.scale, other.scale], dim=-2)
+        )
 
     def keep(self, prefix: int, start: int) -> Int8Rows:
         """Rows [0, prefix) and [start, S)."""

@@ -77,7 +77,9 @@ def test_int8_cache_keeps_what_the_fp32_cache_keeps(layer_type):
     model = windowed_lm(layer_type)
     ids, mask = padded_batch(batch=3, length=9, padding="left")
     fp32, int8 = DynamicCache(config=model.config), Int8Cache(model.config)
-    steps = [ids] + [torch.randint(3, 90, (3, 1), generator=torch.Generator().manual_seed(i)) for i in range(12)]
+    steps = [ids] + [
+        torch.randint(3, 90, (3, 1), generator=torch.Generator().manual_seed(i)) for i in range(12)
+    ]
     seen = mask
     with torch.no_grad():
         for i, step in enumerate(steps):
@@ -90,7 +92,10 @@ def test_int8_cache_keeps_what_the_fp32_cache_keeps(layer_type):
                 assert a._stored() == b.keys.shape[-2]
                 assert a.get_mask_sizes(1) == b.get_mask_sizes(1)
                 assert a.get_seq_length() == b.get_seq_length()
-            for got, want in ((int8.layers[0].keys, fp32.layers[0].keys), (int8.layers[0].values, fp32.layers[0].values)):
+            for got, want in (
+                (int8.layers[0].keys, fp32.layers[0].keys),
+                (int8.layers[0].values, fp32.layers[0].values),
+            ):
                 step_size = want.abs().amax(-1, keepdim=True) / QMAX
                 assert bool(((got - want).abs() <= step_size / 2 * (1 + 1e-4) + 1e-7).all())
     assert int8.layers[0]._qkeys.data.dtype == torch.int8
@@ -117,7 +122,9 @@ def generate_and_reference(model, ids, mask, new_tokens, cache):
         for step in range(new_tokens):
             if model.config.is_encoder_decoder:
                 prefix = out.sequences[:, : step + 1]
-                refs.append(model(ids, attention_mask=mask, decoder_input_ids=prefix, use_cache=False).logits[:, -1])
+                refs.append(
+                    model(ids, attention_mask=mask, decoder_input_ids=prefix, use_cache=False).logits[:, -1]
+                )
             else:
                 prefix = out.sequences[:, : ids.shape[1] + step]
                 prefix_mask = torch.cat([mask, torch.ones(mask.shape[0], step, dtype=mask.dtype)], dim=1)
@@ -149,7 +156,12 @@ def test_int8_cache_generation_follows_the_uncached_model(layer_type, attn):
     ids, mask = padded_batch(batch=3, length=9, padding="left")
     cache = Int8Cache(model.config)
     check_against_uncached(model, ids, mask, 12, cache)
-    kept = {"full_attention": 20, "bigbird_attention": 20, "sliding_attention": 3, "sliding_global_attention": 9}
+    kept = {
+        "full_attention": 20,
+        "bigbird_attention": 20,
+        "sliding_attention": 3,
+        "sliding_global_attention": 9,
+    }
     assert cache.layers[0]._stored() == kept[layer_type]
 
 
@@ -166,7 +178,9 @@ def test_int8_cache_in_encoder_decoder_generation():
 def test_int8_cache_beam_search_reorders_the_int8_rows():
     model = windowed_lm("full_attention")
     ids, mask = padded_batch(batch=2, length=7, padding="left")
-    kw = dict(attention_mask=mask, max_new_tokens=6, min_new_tokens=6, num_beams=3, do_sample=False, pad_token_id=0)
+    kw = dict(
+        attention_mask=mask, max_new_tokens=6, min_new_tokens=6, num_beams=3, do_sample=False, pad_token_id=0
+    )
     int8 = model.generate(ids, cache=Int8Cache(model.config), **kw)
     fp32 = model.generate(ids, **kw)
     assert torch.equal(int8, fp32)
@@ -196,7 +210,11 @@ def test_int8_cache_with_flex_attention():
 
 # ---- int8 weights through transformers' quantization integrations ---------------------------------
 
-WEIGHT_ARCHS = {"decoder": "AutoModelForCausalLM", "encoder": "AutoModelForMaskedLM", "seq2seq": "AutoModelForSeq2SeqLM"}
+WEIGHT_ARCHS = {
+    "decoder": "AutoModelForCausalLM",
+    "encoder": "AutoModelForMaskedLM",
+    "seq2seq": "AutoModelForSeq2SeqLM",
+}
 
 
 def saved_fp32(arch, tmp_path):
@@ -214,7 +232,6 @@ def test_torchao_int8_weights_load_run_generate_and_save(arch, tmp_path):
     """from_pretrained(quantization_config=TorchAoConfig(int8 dynamic activations, int8 weights)) on a
     CPU: every projection holds an int8 tensor, logits are within WEIGHT_RTOL of fp32 with the same
     top-1 token almost everywhere, generate() runs, and the saved int8 model loads back identical."""
-    pytest.importorskip("torchao")
     import transformers
     from torchao.quantization import Int8DynamicActivationInt8WeightConfig, Int8Tensor
     from transformers import TorchAoConfig
@@ -245,7 +262,6 @@ def test_torchao_int8_weights_load_run_generate_and_save(arch, tmp_path):
 def test_quanto_int8_weights_run_but_transformers_does_not_save_them(tmp_path):
     """QuantoConfig(weights="int8") loads and runs (weight-only int8); transformers 5.24 refuses to
     save a quanto model ("not serializable")."""
-    pytest.importorskip("optimum.quanto")
     from optimum.quanto import QLinear
     from transformers import AutoModelForCausalLM, QuantoConfig
 
@@ -254,7 +270,11 @@ def test_quanto_int8_weights_run_but_transformers_does_not_save_them(tmp_path):
     assert all(type(m) is QLinear for m in linears(model).values())
     ids, mask = padded_batch(batch=3, length=12, padding="left")
     with torch.no_grad():
-        assert 0 < rel(model(ids, attention_mask=mask).logits, fp32(ids, attention_mask=mask).logits) <= WEIGHT_RTOL
+        assert (
+            0
+            < rel(model(ids, attention_mask=mask).logits, fp32(ids, attention_mask=mask).logits)
+            <= WEIGHT_RTOL
+        )
     assert model.generate(ids, attention_mask=mask, max_new_tokens=4, pad_token_id=0).shape == (3, 16)
     with pytest.raises(ValueError, match="not serializable"):
         model.save_pretrained(tmp_path / "int8")
@@ -264,7 +284,7 @@ def test_quanto_int8_weights_run_but_transformers_does_not_save_them(tmp_path):
 def test_bitsandbytes_int8_weights_on_cuda(tmp_path):
     """BitsAndBytesConfig(load_in_8bit=True) on a GPU: LLM.int8() linears, logits near fp32, generate,
     and save / load of the 8-bit model."""
-    bnb = pytest.importorskip("bitsandbytes")
+    bnb = pytest.importorskip("bitsandbytes", reason="the bitsandbytes package (pip install bitsandbytes)")
     from transformers import AutoModelForCausalLM, BitsAndBytesConfig
 
     fp32, folder = saved_fp32("decoder", tmp_path)
@@ -281,3 +301,51 @@ def test_bitsandbytes_int8_weights_on_cuda(tmp_path):
     again = AutoModelForCausalLM.from_pretrained(tmp_path / "int8", device_map="cuda")
     with torch.no_grad():
         assert rel(again(ids, attention_mask=mask).logits, got) <= 1e-3
+
+
+# ---- benchmarks/int8.py at tiny size --------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_int8_benchmark_smoke(tmp_path, capsys):
+    """benchmarks/int8.py on a 4-step `swapformer train` run: its fp32 perplexity is the run's own
+    validation perplexity (it rebuilds the same batches), the fp32 cache token by token gives it too,
+    and the table has every variant with the int8 cache about 4x smaller."""
+    import importlib.util
+    import json
+    import pathlib
+    import random
+
+    from swapformer.training.args import TrainArgs
+    from swapformer.training.loop import train
+
+    rng = random.Random(0)
+    words = [f"w{i}" for i in range(200)]
+    data = tmp_path / "texts"
+    data.mkdir()
+    for i in range(12):
+        (data / f"doc{i}.txt").write_text(" ".join(rng.choice(words) for _ in range(800)))
+    out = tmp_path / "run"
+    model_options = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64)
+    args = TrainArgs(
+        output_dir=str(out), data=[str(data)], progress=False, vocab_size=600, seq_len=32, batch_size=4,
+        max_steps=4, warmup_steps=1, save_every=4, eval_every=4, val_fraction=0.2, model_options=model_options,
+    )  # fmt: skip
+    metrics = train(args)
+    path = pathlib.Path(__file__).parents[1] / "benchmarks" / "int8.py"
+    spec = importlib.util.spec_from_file_location("int8_benchmark", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    rows = bench.run(out, bench.validation_batches(out), prompt_len=8, new=4, rounds=1, max_batches=None)
+    fp32 = rows[0]
+    assert fp32["ppl"] == pytest.approx(metrics["val_perplexity"], rel=1e-4)
+    assert fp32["ppl_cached"] == pytest.approx(fp32["ppl"], rel=1e-4)
+    assert [r["variant"] for r in rows] == list(bench.VARIANTS)
+    for r in rows[1:]:
+        assert r["ppl"] == pytest.approx(fp32["ppl"], rel=0.05) and r["ppl"] != fp32["ppl"]
+    assert rows[2]["cache_kib"] / fp32["cache_kib"] == pytest.approx((8 + 4) / 32)  # head dim 8
+    assert rows[1]["weights_mib"] < fp32["weights_mib"]
+    bench.print_table(rows, 4, 8)
+    table = capsys.readouterr().out
+    assert all(f"| {name} |" in table for name in bench.VARIANTS)
+    assert json.loads((out / "training_args.json").read_text())["max_steps"] == 4
