@@ -8,8 +8,10 @@ Variants, all on a CPU:
 - int8 weights: `from_pretrained(..., quantization_config=TorchAoConfig(Int8DynamicActivationInt8WeightConfig()))`
   (torchao: int8 weights per output channel, activations quantised per token at run time; the LM head,
   tied to the embeddings, stays fp32 as transformers leaves it);
+- int8 weights (quanto): `QuantoConfig(weights="int8")`, optimum-quanto's weight-only int8 (activations
+  stay fp32);
 - int8 cache: fp32 weights, `Int8Cache` (int8 keys and values, one scale per token and head);
-- int8 weights + cache: both.
+- int8 weights + cache: torchao's int8 weights and the int8 cache.
 
 Validation perplexity is taken on the run's own validation batches (rebuilt from training_args.json as
 `swapformer train` builds them). With a cache it is measured token by token: each block's first token is
@@ -38,7 +40,7 @@ import time
 
 import torch
 from torch.utils._python_dispatch import is_traceable_wrapper_subclass
-from transformers import AutoModelForCausalLM, DynamicCache, TorchAoConfig
+from transformers import AutoModelForCausalLM, DynamicCache, QuantoConfig, TorchAoConfig
 
 import swapformer  # noqa: F401  (registers the model types)
 from swapformer.modeling.int8_cache import Int8Cache
@@ -72,12 +74,15 @@ def validation_batches(folder: pathlib.Path) -> list[dict]:
     return _eval_batches(args, make_objective(tokenizer, args), blocks, -1)
 
 
-def load(folder, int8_weights: bool):
+def load(folder, weights: str):
+    """The model with `weights` "fp32", "torchao" (int8 weights and activations) or "quanto" (int8 weights)."""
     kwargs = {"attn_implementation": "sdpa"}
-    if int8_weights:
+    if weights == "torchao":
         from torchao.quantization import Int8DynamicActivationInt8WeightConfig
 
         kwargs["quantization_config"] = TorchAoConfig(Int8DynamicActivationInt8WeightConfig())
+    elif weights == "quanto":
+        kwargs["quantization_config"] = QuantoConfig(weights="int8")
     return AutoModelForCausalLM.from_pretrained(folder, **kwargs).eval()
 
 
@@ -120,7 +125,10 @@ def tensor_bytes(t: torch.Tensor) -> int:
 
 
 def weight_bytes(model) -> int:
-    return sum(tensor_bytes(p) for p in model.parameters())  # a tied tensor once
+    """Bytes of the weights: parameters (a tied tensor once), and the int8 weights and scales that
+    optimum-quanto keeps as buffers of its QLinear modules."""
+    params = sum(tensor_bytes(p) for p in model.parameters())
+    return params + sum(tensor_bytes(b) for b in model.buffers())
 
 
 def cache_bytes(cache) -> int:
@@ -137,11 +145,12 @@ def generate(model, prompt, new: int, cache: str):
     return out, c
 
 
-VARIANTS = {  # name: (int8 weights, cache)
-    "fp32": (False, "fp32"),
-    "int8 weights": (True, "fp32"),
-    "int8 cache": (False, "int8"),
-    "int8 weights + cache": (True, "int8"),
+VARIANTS = {  # name: (weights, cache)
+    "fp32": ("fp32", "fp32"),
+    "int8 weights": ("torchao", "fp32"),
+    "int8 weights (quanto)": ("quanto", "fp32"),
+    "int8 cache": ("fp32", "int8"),
+    "int8 weights + cache": ("torchao", "int8"),
 }
 
 
@@ -151,11 +160,11 @@ def run(
     """The table's rows: perplexities, tokens/s, memory and tokens equal to fp32's, per variant."""
     folder = pathlib.Path(folder)
     batches = batches[:max_batches] if max_batches else batches
-    models = {False: load(folder, False), True: load(folder, True)}
+    models = {weights: load(folder, weights) for weights in ("fp32", "torchao", "quanto")}
     prompt = batches[0]["input_ids"][:1, :prompt_len]
     rows, outputs = {}, {}
-    for name, (int8_weights, cache) in VARIANTS.items():
-        model = models[int8_weights]
+    for name, (weights, cache) in VARIANTS.items():
+        model = models[weights]
         out, c = generate(model, prompt, new, cache)  # warm-up, and the tokens
         outputs[name] = out
         rows[name] = {
@@ -166,12 +175,12 @@ def run(
             "same_tokens": bool(torch.equal(out, outputs["fp32"])),
             "best_s": float("inf"),
         }
-    rows["fp32"]["ppl_cached"] = perplexity(models[False], batches, "fp32")
+    rows["fp32"]["ppl_cached"] = perplexity(models["fp32"], batches, "fp32")
     for _ in range(rounds):  # interleaved: every variant sees the same state of the machine
-        for name, (int8_weights, cache) in VARIANTS.items():
+        for name, (weights, cache) in VARIANTS.items():
             start = time.perf_counter()
             with torch.no_grad():
-                generate(models[int8_weights], prompt, new, cache)
+                generate(models[weights], prompt, new, cache)
             rows[name]["best_s"] = min(rows[name]["best_s"], time.perf_counter() - start)
     for row in rows.values():
         row["tokens_per_s"] = new / row["best_s"]

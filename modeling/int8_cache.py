@@ -52,13 +52,26 @@ class Int8Rows:
             return cls(torch.empty(0, dtype=torch.int8, device=x.device), torch.empty(0, device=x.device))
         x = x.float()
         # an all-zero vector keeps a non-zero scale (its q is 0 either way)
-        scale = (x.abs().amax(dim=-1, keepdim=True) / QMAX).clamp(min=torch.finfo(torch.float32).tiny)
-        return cls(torch.round(x / scale).clamp(-QMAX, QMAX).to(torch.int8), scale)
+        scale = x.abs().amax(dim=-1, keepdim=True).div_(QMAX).clamp_(min=torch.finfo(torch.float32).tiny)
+        return cls(torch.div(x, scale).round_().clamp_(-QMAX, QMAX).to(torch.int8), scale)
 
     def dequantize(self, dtype: torch.dtype) -> torch.Tensor:
         if self.data.dim() != 4:
             return torch.empty(0, dtype=dtype, device=self.data.device)
-        return (self.data.float() * self.scale).to(dtype)
+        return (self.data * self.scale).to(dtype)  # int8 * float32 -> float32 in one kernel
+
+    def dequantize_before(self, new: torch.Tensor) -> torch.Tensor:
+        """The stored rows dequantised, followed by `new` (B, K, T, D) as given: (B, K, S + T, D)."""
+        if self.data.dim() != 4:
+            return new
+        stored = self.data.shape[-2]
+        out = new.new_empty(*new.shape[:-2], stored + new.shape[-2], new.shape[-1])
+        if new.dtype == torch.float32:
+            torch.mul(self.data, self.scale, out=out[..., :stored, :])
+        else:
+            out[..., :stored, :] = self.data * self.scale
+        out[..., stored:, :] = new
+        return out
 
     @property
     def length(self) -> int:
@@ -120,8 +133,10 @@ class Int8Storage:
 
     def _append(self, key_states, value_states):
         """Store the new rows; return every stored row dequantised followed by the new ones as given."""
-        keys = torch.cat([self._qkeys.dequantize(key_states.dtype), key_states], dim=-2)
-        values = torch.cat([self._qvalues.dequantize(value_states.dtype), value_states], dim=-2)
+        keys, values = (
+            self._qkeys.dequantize_before(key_states),
+            self._qvalues.dequantize_before(value_states),
+        )
         self._qkeys = self._qkeys.cat(Int8Rows.quantize(key_states))
         self._qvalues = self._qvalues.cat(Int8Rows.quantize(value_states))
         return keys, values

@@ -343,8 +343,10 @@ def test_int8_benchmark_smoke(tmp_path, capsys):
     assert [r["variant"] for r in rows] == list(bench.VARIANTS)
     for r in rows[1:]:
         assert r["ppl"] == pytest.approx(fp32["ppl"], rel=0.05) and r["ppl"] != fp32["ppl"]
-    assert rows[2]["cache_kib"] / fp32["cache_kib"] == pytest.approx((8 + 4) / 32)  # head dim 8
-    assert rows[1]["weights_mib"] < fp32["weights_mib"]
+    by_name = {r["variant"]: r for r in rows}
+    assert by_name["int8 cache"]["cache_kib"] / fp32["cache_kib"] == pytest.approx((8 + 4) / 32)  # head dim 8
+    assert by_name["int8 weights"]["weights_mib"] < fp32["weights_mib"]
+    assert by_name["int8 weights (quanto)"]["weights_mib"] < fp32["weights_mib"]
     bench.print_table(rows, 4, 8)
     table = capsys.readouterr().out
     assert all(f"| {name} |" in table for name in bench.VARIANTS)
