@@ -177,6 +177,13 @@ class Int8Layer(Int8Storage, DynamicLayer):
     def get_seq_length(self) -> int:
         return self._stored()
 
+    def crop(self, tokens_to_remove: int) -> None:
+        """Drop the last `-tokens_to_remove` tokens (assisted decoding), from the int8 rows directly."""
+        if tokens_to_remove > 0:
+            return super().crop(tokens_to_remove)  # transformers' error for the legacy positive form
+        if tokens_to_remove < 0:
+            self._apply(lambda t: t[..., :tokens_to_remove, :])
+
 
 class Int8SlidingWindowLayer(Int8Storage, SlidingWindowLayer):
     """`sliding_attention` layers: the last `sliding_window - 1` tokens are kept (none for a window of 1,

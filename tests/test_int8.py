@@ -190,6 +190,9 @@ def test_int8_cache_beam_search_reorders_the_int8_rows():
     before = cache.layers[1].keys
     cache.reorder_cache(torch.tensor([1, 0]))
     assert torch.equal(cache.layers[1].keys, before.flip(0))
+    cache.crop(-3)  # assisted decoding's rollback
+    assert cache.get_seq_length() == ids.shape[1] - 3
+    assert torch.equal(cache.layers[1].keys, before.flip(0)[..., :-3, :])
 
 
 def test_int8_cache_refuses_a_layer_type_it_has_no_layer_for():
