@@ -1,12 +1,15 @@
 """INT8: weights through transformers' quantization integrations (torchao on CPU, quanto, bitsandbytes
 on CUDA) and the int8 KV cache (`modeling/int8_cache.py`), each against the fp32 model or cache.
 
-Tolerances. int8 rounding moves each element by at most half a step, `max|x| / 254` of its vector (or
-weight row); the relative rms error of one rounding is about 0.2-0.3%. On these scrambled tiny models
-(weights of std 1/sqrt(fan_in), so errors are not damped) it reaches the logits at the same order:
-measured 0.2-0.35% relative L2 for the int8 cache and 0.9% for int8 weights with int8 activations
-(two roundings per product, every layer). The bounds below (1% and 3%) are three times those, far
-below what a wrong cache gives (a token missing or duplicated moves the logits by tens of percent).
+Tolerances. Absmax int8 rounding of a vector moves each element by at most half a step, the step
+being max|x| / 127; for Gaussian vectors the rms error is 0.4% of the rms for 8 elements and 0.6% for
+64-128 (computed). The int8 cache rounds only stored keys and values (head dim 8 here): measured
+0.19-0.35% relative L2 on the logits; bound CACHE_RTOL = 1%. int8 weights with int8 activations round
+both operands of every product (about 0.9% per product) in six projections per block, and the errors
+add in quadrature over the blocks: about 2% expected, measured 1.2-2.5% (torchao) and 1.2-1.6%
+(quanto, weights only) on these scrambled tiny models (weights of std 1/sqrt(fan_in), nothing damped);
+bound WEIGHT_RTOL = 5%. Wrong bookkeeping (a token missing, duplicated or from another row) moves the
+logits by tens of percent.
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ from conftest import LM_CLASSES, build, padded_batch, tiny_config
 DECODING = [n for n, c in BACKENDS.items() if c.kv_cache and "cpu" in c.devices and n != "flex_attention"]
 LAYER_TYPES = ["full_attention", "sliding_attention", "sliding_global_attention", "bigbird_attention"]
 CACHE_RTOL = 1e-2  # relative L2 of logits, int8 cache vs no cache (measured <= 0.35%)
-WEIGHT_RTOL = 3e-2  # relative L2 of logits, int8 weights + activations vs fp32 (measured 0.9%)
+WEIGHT_RTOL = 5e-2  # relative L2 of logits, int8 weights (+ activations) vs fp32 (measured <= 2.5%)
 
 
 def rel(a, b) -> float:
