@@ -36,7 +36,8 @@ from transformers import LongformerConfig, LongformerModel
 
 import swapformer
 from swapformer.modeling.attention import eager_attention_forward
-from swapformer.modeling.masks import AttentionPattern, lower, random_layouts
+from swapformer.modeling.lowering import lower
+from swapformer.modeling.masks import AttentionPattern, random_layouts
 from swapformer.modeling.sparse import sparse_attention_forward
 
 HEADS, HEAD_DIM, BLOCK, WINDOW, GLOBALS, RANDOM = 12, 64, 64, 129, 1, 3
@@ -209,22 +210,8 @@ def layer_table(sizes, repeats):
 
 
 def backward_row(n: int, repeats: int):
-    torch.manual_seed(0)
-    pattern = make_pattern(n, "sliding_global")
-    q, k, v = (torch.randn(1, HEADS, n, HEAD_DIM, requires_grad=True) for _ in range(3))
-    times = {}
-    for backend in ("sdpa", "sparse"):
-        with torch.no_grad():
-            mask = lower(pattern, backend, q.dtype)
-        call, module = backend_function(backend), Layer(backend)
-
-        def step(call=call, mask=mask, module=module):
-            out = call(module, q, k, v, mask, scaling=HEAD_DIM**-0.5)[0]
-            out.sum().backward()
-            q.grad = k.grad = v.grad = None
-
-        times[backend] = timed(step, repeats)
-    return times
+    steps = forward_backward_steps(make_pattern(n, "sliding_global"))
+    return {backend: timed(step, repeats) for backend, step in steps.items()}
 
 
 def encoders(n: int = 4096):
@@ -357,12 +344,12 @@ def globals_table(n: int = 8192, counts=(0, 1, 16), rounds: int = 3) -> None:
     print(f"uptime after: {uptime()}")
 
 
-def backward_pair(pattern: AttentionPattern, rounds: int) -> dict:
-    """Forward+backward of SDPA (dense mask) and sparse, interleaved; masks built beforehand."""
+def forward_backward_steps(pattern: AttentionPattern) -> dict:
+    """{backend: one forward+backward of SDPA (dense mask) or sparse}, masks built beforehand."""
     n = pattern.query_length
     torch.manual_seed(0)
     q, k, v = (torch.randn(1, HEADS, n, HEAD_DIM, requires_grad=True) for _ in range(3))
-    fns = {}
+    steps = {}
     for backend in ("sdpa", "sparse"):
         with torch.no_grad():
             mask = lower(pattern, backend, q.dtype)
@@ -373,8 +360,14 @@ def backward_pair(pattern: AttentionPattern, rounds: int) -> dict:
             out.sum().backward()
             q.grad = k.grad = v.grad = None
 
-        fns[f"fb {backend}"] = step
-    return interleaved(fns, rounds)
+        steps[backend] = step
+    return steps
+
+
+def backward_pair(pattern: AttentionPattern, rounds: int) -> dict:
+    """Forward+backward of SDPA (dense mask) and sparse, interleaved."""
+    steps = forward_backward_steps(pattern)
+    return interleaved({f"fb {backend}": step for backend, step in steps.items()}, rounds)
 
 
 def main():

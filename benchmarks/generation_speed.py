@@ -33,7 +33,7 @@ import sys
 import time
 
 import torch
-from measure import interleaved, peak_extra_mib, timed
+from measure import interleaved, machine, peak_extra_mib, timed
 from transformers import (
     BartConfig,
     BartForConditionalGeneration,
@@ -45,7 +45,7 @@ from transformers import (
 
 import swapformer
 from swapformer.conversion import from_hf_model
-from swapformer.modeling.modeling_base import DecodingWeights
+from swapformer.modeling.decoding_weights import DecodingWeights
 
 PROMPT, NEW = 32, 128
 VARIANTS = {"swapformer": "all", "head copy only": "lm_head", "no copies": "none"}  # decoding_copies
@@ -134,15 +134,6 @@ def weight_bytes_per_token(model) -> int:
 def copied_mib(model, choice: str) -> float:
     """What generate() copies input-major under `decoding_copies=choice` (each tensor once)."""
     return DecodingWeights.size(DecodingWeights.candidates(model, choice)) / 2**20
-
-
-def machine() -> str:
-    with open("/proc/cpuinfo") as f:
-        cpu = next(
-            (line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), "unknown CPU"
-        )
-    load = os.getloadavg()
-    return f"{cpu}, {os.cpu_count()} cores, load average {load[0]:.2f} / {load[1]:.2f} / {load[2]:.2f}"
 
 
 def memory_bandwidth_gbs() -> float:

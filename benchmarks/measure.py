@@ -1,8 +1,9 @@
-"""Measurement helpers shared by the benchmarks: best-of timing and peak resident memory."""
+"""Measurement helpers shared by the benchmarks: best-of timing, peak resident memory, the machine."""
 
 from __future__ import annotations
 
 import gc
+import os
 import time
 
 
@@ -48,3 +49,13 @@ def interleaved(fns: dict, rounds: int = 10) -> dict:
             fn()
             best[name] = min(best[name], time.perf_counter() - start)
     return best
+
+
+def machine() -> str:
+    """The CPU model, core count and load average (1 / 5 / 15 min), printed with every table."""
+    with open("/proc/cpuinfo") as f:
+        cpu = next(
+            (line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), "unknown CPU"
+        )
+    load = os.getloadavg()
+    return f"{cpu}, {os.cpu_count()} cores, load average {load[0]:.2f} / {load[1]:.2f} / {load[2]:.2f}"

@@ -13,6 +13,8 @@ of the weights, installed kernels) live in `modeling/attention.py`.
 
 from __future__ import annotations
 
+import importlib.util
+from collections.abc import Callable
 from dataclasses import dataclass
 
 PATTERNS = ("full", "sliding", "sliding_global", "bigbird")
@@ -67,7 +69,9 @@ class Capabilities:
     no_compile: str = ""
     devices: tuple[str, ...] = ("cpu", "cuda")
     dtypes: tuple[str, ...] = ("float32", "float16", "bfloat16")
-    needs: str = ""  # an optional package, checked when chosen
+    needs: str = ""  # an optional package (its import name), checked when chosen
+    install: str = ""  # the command that installs `needs`
+    full_layers_as: str = ""  # the backend that runs this one's full_attention layers
     note: str = ""
 
 
@@ -79,6 +83,7 @@ BACKENDS: dict[str, Capabilities] = {
     ),
     "sparse": Capabilities(
         output_attentions="recomputed",
+        full_layers_as="sdpa",
         compile=(),
         no_compile="it sizes its block layout from the data; its full_attention layers run as sdpa and do compile",
         note="block-sparse in plain PyTorch: skips masked blocks, O(n * (window + globals + random)); full layers run as sdpa",
@@ -104,6 +109,7 @@ BACKENDS: dict[str, Capabilities] = {
         compile=(),
         no_compile="transformers' flash path unpads padded batches with data-dependent sizes",
         needs="flash_attn",
+        install="pip install 'swapformer[flash]'",
         note="the flash-attn package (pip install 'swapformer[flash]')",
     ),
     "sdpa_fa": Capabilities(
@@ -121,12 +127,30 @@ BACKENDS: dict[str, Capabilities] = {
     ),
 }
 
-# Names transformers knows that swapformer does not run, with what to use instead.
+
+def runs_everything(caps: Capabilities) -> bool:
+    """Every pattern and every yes/no feature of the table."""
+    return caps.patterns == PATTERNS and all(getattr(caps, f) is not False for f in FEATURES)
+
+
+# Names transformers knows that swapformer does not run: why, and which rows to offer instead.
 UNSUPPORTED = {
-    "flash_attention_3": "FlashAttention 3 is not wired into swapformer; use 'flash_attention_2' or 'sdpa_fa'",
-    "flash_attention_4": "FlashAttention 4 is not wired into swapformer; use 'flash_attention_2' or 'sdpa_fa'",
-    "paged|eager": "paged attention is not supported; use 'eager' or 'sdpa'",
+    "flash_attention_3": ("FlashAttention 3 is not wired into swapformer", lambda c: c.devices == ("cuda",)),
+    "flash_attention_4": ("FlashAttention 4 is not wired into swapformer", lambda c: c.devices == ("cuda",)),
+    "paged|eager": ("paged attention is not supported", runs_everything),
 }
+
+
+def capable(has: Callable[[Capabilities], bool], device: str | None = None) -> list[str]:
+    """The backends whose row satisfies `has` (and that run on `device`, when given), in table order."""
+    return [n for n, c in BACKENDS.items() if has(c) and (device is None or device in c.devices)]
+
+
+def has_feature(caps: Capabilities, feature: str) -> bool:
+    """A yes/no column of the table, or `pattern:<kind>` for one pattern kind."""
+    if feature.startswith("pattern:"):
+        return feature.removeprefix("pattern:") in caps.patterns
+    return bool(getattr(caps, feature))
 
 
 def check_backend_name(name, where: str = "") -> str:
@@ -138,7 +162,8 @@ def check_backend_name(name, where: str = "") -> str:
         return name
     opening = f"Specified `attn_implementation={_quoted(name)}` is not supported"
     if name in UNSUPPORTED:
-        raise ValueError(f"{opening}: {UNSUPPORTED[name]}{where}")
+        reason, offered = UNSUPPORTED[name]
+        raise ValueError(f"{opening}: {reason}; use {_names(capable(offered))}{where}")
     names = ", ".join(
         f"`{_quoted(n)}`" if i else f"`attn_implementation={_quoted(n)}`" for i, n in enumerate(BACKENDS)
     )
@@ -172,39 +197,110 @@ def check_layer_backends(mapping: dict, layer_types: list[str] | None) -> dict:
     return dict(mapping)
 
 
+def model_needs(config) -> dict[str, bool]:
+    """The yes/no features of the table a model of `config` needs, whatever the batch."""
+    encoder_decoder = bool(getattr(config, "is_encoder_decoder", False))
+    causal = bool(getattr(config, "causal", False))
+    return {
+        "gqa": config.num_key_value_heads != config.num_attention_heads,
+        "position_bias": config.position_embedding_type in ("alibi", "relative_bias"),
+        "causal": causal,
+        "bidirectional": not causal or encoder_decoder,
+        "cross_attention": encoder_decoder,
+    }
+
+
 def check_backend_for_config(name: str, config) -> None:
     """Raise if backend `name` (or each backend of a per-layer mapping) cannot compute `config`'s model."""
     check_backend_name(name)
+    layer_types = dict.fromkeys(config._all_layer_types())
     if name == PER_LAYER_BACKEND:
-        pairs = [(t, config._attn_layer_backends[t]) for t in dict.fromkeys(config._all_layer_types())]
+        pairs = [(t, config._attn_layer_backends[t]) for t in layer_types]
     else:
-        pairs = [(t, name) for t in dict.fromkeys(config._all_layer_types())]
-    encoder_decoder = bool(getattr(config, "is_encoder_decoder", False))
-    causal = bool(getattr(config, "causal", False))
+        pairs = [(t, name) for t in layer_types]
+    needs = [feature for feature, needed in model_needs(config).items() if needed]
     for layer_type, backend in pairs:
-        caps = BACKENDS[backend]
         pattern = LAYER_TYPE_PATTERN[layer_type]
-        if pattern not in caps.patterns:
-            _refuse(
-                backend, f"{pattern!r} attention ({layer_type} layers)", lambda c, p=pattern: p in c.patterns
-            )
-        needs = {
-            "gqa": config.num_key_value_heads != config.num_attention_heads,
-            "position_bias": config.position_embedding_type in ("alibi", "relative_bias"),
-            "causal": causal,
-            "bidirectional": not causal or encoder_decoder,
-            "cross_attention": encoder_decoder,
-        }
-        for feature, needed in needs.items():
-            if needed and not getattr(caps, feature):
-                _refuse(backend, feature, lambda c, f=feature: getattr(c, f))
+        require(backend, f"pattern:{pattern}", f"{pattern!r} attention ({layer_type} layers)")
+        for feature in needs:
+            require(backend, feature, feature)
 
 
 def check_batch_feature(backend: str, feature: str, description: str) -> None:
     """Refuse a batch that needs `feature` (a `Capabilities` flag) which `backend` lacks: facts only the
     inputs reveal (packed sequences), checked in the forward with the same message as at choice time."""
-    if not getattr(BACKENDS[backend], feature):
-        _refuse(backend, description, lambda c: getattr(c, feature), needed_by="this batch")
+    require(backend, feature, description, needed_by="this batch")
+
+
+def require(backend: str, feature: str, description: str, needed_by: str = "this model") -> None:
+    """Raise the table's refusal when `backend`'s row lacks `feature` (see `has_feature`), naming every
+    backend whose row has it."""
+    if not has_feature(BACKENDS[backend], feature):
+        alternatives = capable(lambda c: has_feature(c, feature))
+        raise ValueError(
+            f"attn_implementation={backend!r} does not support {description}, which {needed_by} needs; "
+            f"use one of {', '.join(map(repr, alternatives))}"
+        )
+
+
+def check_backend_available(name: str, config, *, cuda: bool, weight_devices: set[str]) -> None:
+    """Checks made when a model is put on backend `name` (each backend of a mapping): `config`'s needs,
+    the optional package, a device it runs on, the device of the weights (`weight_devices`, empty while
+    the model is being built, as transformers skips it then). The torch facts come from the caller."""
+    check_backend_for_config(name, config)
+    backends = sorted(set(config._attn_layer_backends.values())) if name == PER_LAYER_BACKEND else [name]
+    available = {"cpu", "cuda"} if cuda else {"cpu"}
+    for backend in backends:
+        caps = BACKENDS[backend]
+        if not _installed(caps):
+            where = next((d for d in caps.devices if d in available), caps.devices[0])
+            raise ValueError(
+                f"attn_implementation={backend!r} needs the {caps.needs} package, which is not installed: "
+                f"{caps.install} on a {_devices(caps.devices)} machine, or use "
+                f"{_names(replacements(backend, config, where))}"
+            )
+        if not available & set(caps.devices):
+            raise ValueError(
+                f"attn_implementation={backend!r} runs on {_devices(caps.devices)} only and no "
+                f"{_devices(caps.devices)} device is available; use {_names(replacements(backend, config, 'cpu'))}"
+            )
+        for device in sorted(weight_devices - set(caps.devices)):
+            raise ValueError(
+                f"attn_implementation={backend!r} does not run on device {device!r} (it runs on "
+                f"{', '.join(caps.devices)}); move the model first or use "
+                f"{_names(replacements(backend, config, device))}"
+            )
+
+
+def replacements(backend: str, config, device: str) -> list[str]:
+    """Backends that can stand in for `backend` on `device`: installed, computing `config`'s model there
+    forward and backward. Those made for the same devices as `backend` come first, then table order."""
+
+    def fits(name: str) -> bool:
+        caps = BACKENDS[name]
+        if (
+            name == backend
+            or not _installed(caps)
+            or device not in caps.devices
+            or device not in caps.backward
+        ):
+            return False
+        try:
+            check_backend_for_config(name, config)
+        except ValueError:
+            return False
+        return True
+
+    same = [n for n in BACKENDS if fits(n) and BACKENDS[n].devices == BACKENDS[backend].devices]
+    return same + [n for n in BACKENDS if fits(n) and n not in same]
+
+
+def _installed(caps: Capabilities) -> bool:
+    return not caps.needs or importlib.util.find_spec(caps.needs) is not None
+
+
+def _devices(devices: tuple[str, ...]) -> str:
+    return " or ".join(d.upper() for d in devices)
 
 
 def check_backend_for_forward(
@@ -219,20 +315,20 @@ def check_backend_for_forward(
     """
     caps = BACKENDS[backend]
     if training and needs_grad and device not in caps.backward:
-        can = [n for n, c in BACKENDS.items() if device in c.backward and device in c.devices]
+        can = capable(lambda c: device in c.backward, device)
         raise ValueError(
             f"attn_implementation={backend!r} cannot train on {device.upper()} (it has no backward there); call "
             f"model.eval() or run under torch.no_grad() for inference, or use {_names(can)} to train"
         )
     if training and config.attention_dropout > 0 and not caps.dropout:
-        can = [n for n, c in BACKENDS.items() if c.dropout and device in c.devices]
+        can = capable(lambda c: c.dropout, device)
         raise ValueError(
             f"attn_implementation={backend!r} cannot apply attention_dropout={config.attention_dropout} in training; "
             f"call model.eval() for inference (dropout is off there), set attention_dropout=0.0, or train with "
             f"{_names(can)}"
         )
     if compiling and not compiles(backend, kind, device):
-        can = [n for n, c in BACKENDS.items() if device in c.compile and device in c.devices]
+        can = capable(lambda c: device in c.compile, device)
         raise ValueError(
             f"attn_implementation={backend!r} cannot run inside torch.compile(fullgraph=True) or torch.export on "
             f"{device} ({kind!r} layers): {caps.no_compile}. Compile with {_names(can)} (the same function), or "
@@ -242,21 +338,17 @@ def check_backend_for_forward(
 
 def compiles(backend: str, kind: str, device: str) -> bool:
     """Whether `backend` runs `kind` layers on `device` inside torch.compile(fullgraph=True) / export."""
-    # sparse runs full layers as sdpa (see modeling/sparse.py)
-    return device in BACKENDS["sdpa" if (backend, kind) == ("sparse", "full") else backend].compile
+    caps = BACKENDS[backend]
+    if kind == "full" and caps.full_layers_as:
+        caps = BACKENDS[caps.full_layers_as]
+    return device in caps.compile
 
 
 def _names(backends: list[str]) -> str:
     quoted = [repr(n) for n in backends]
+    if not quoted:
+        return "no other backend"
     return quoted[0] if len(quoted) == 1 else f"{', '.join(quoted[:-1])} or {quoted[-1]}"
-
-
-def _refuse(backend: str, feature: str, has, needed_by: str = "this model") -> None:
-    capable = [n for n, c in BACKENDS.items() if has(c)]
-    raise ValueError(
-        f"attn_implementation={backend!r} does not support {feature}, which {needed_by} needs; "
-        f"use one of {', '.join(map(repr, capable))}"
-    )
 
 
 def capability_table_markdown() -> str:

@@ -1,4 +1,4 @@
-"""Attention functions, their registration, and the checks made when a backend is chosen.
+"""Attention functions and the checks made when a backend is chosen or run.
 
 Every backend has transformers' `AttentionInterface` signature:
 
@@ -6,37 +6,28 @@ Every backend has transformers' `AttentionInterface` signature:
 
 B batch, H query heads, K key/value heads, T query length, S key length, D head dim.
 query (B, H, T, D); key, value (B, K, S, D), GQA not expanded (`module.num_key_value_groups`);
-out (B, T, H, D) contiguous; weights (B, H, T, S) or None. `attention_mask` is what masks.py lowered
+out (B, T, H, D) contiguous; weights (B, H, T, S) or None. `attention_mask` is what lowering.py made
 for the backend. With None, causality comes from `module.is_causal` (when T > 1), as in transformers.
 
 Fully masked query rows (left padding under a causal mask) give zeros on every backend, as SDPA and
 FlashAttention do, rather than the uniform average a plain softmax would give.
 
-Registered here with transformers (both `AttentionInterface` and `AttentionMaskInterface`, see
-HF_NOTES.md): `sparse`, `sdpa_fa`, and the dispatcher that runs a {layer type: backend} mapping.
 `eager` is the default passed to `get_interface`; `sdpa`, `flex_attention` and `flash_attention_2`
-are transformers' own functions, fed with swapformer's masks. This module knows nothing of layers.
+are transformers' own functions, fed with swapformer's masks; `sparse` (sparse.py) and `sdpa_fa`
+(here) are registered with transformers by hf_compat.py. What each backend can do is the capability
+table (configuration/backends.py); the checks here only gather the torch facts it is checked against.
+This module knows nothing of layers.
 """
 
 from __future__ import annotations
 
-import importlib.util
-
 import torch
+import torch.nn.functional as F
 from torch import nn
-from transformers import AttentionInterface
-from transformers.masking_utils import AttentionMaskInterface
-from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
-from ..configuration.backends import (
-    BACKENDS,
-    PER_LAYER_BACKEND,
-    check_backend_for_config,
-    check_backend_for_forward,
-    compiles,
-)
-from .masks import AttentionPattern, lower
-from .sparse import _sdpa, sparse_attention_forward
+from ..configuration.backends import check_backend_available, check_backend_for_forward, compiles
+from .lowering import lower
+from .masks import AttentionPattern
 
 
 def repeat_kv(x: torch.Tensor, groups: int) -> torch.Tensor:
@@ -121,55 +112,17 @@ def sdpa_fa_attention_forward(module, query, key, value, attention_mask, scaling
     if attention_mask is not None:
         raise ValueError("sdpa_fa received a mask; its lowering should have refused this batch")
     with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
-        return _sdpa(module, query, key, value, None, scaling, dropout), None
-
-
-def per_layer_attention_forward(module, query, key, value, attention_mask, **kwargs):
-    """Runs the backend the {layer type: backend} mapping gives this module's layer type."""
-    backend = module.config.backend_for(module.layer_type)
-    fn = ALL_ATTENTION_FUNCTIONS.get_interface(backend, eager_attention_forward)
-    return fn(module, query, key, value, attention_mask, **kwargs)
-
-
-def _no_hf_mask(*args, **kwargs):
-    raise NotImplementedError(
-        "swapformer models build their own masks (modeling/masks.py); transformers' mask builders do not apply"
-    )
-
-
-for _name, _fn in (
-    ("sparse", sparse_attention_forward),
-    ("sdpa_fa", sdpa_fa_attention_forward),
-    (PER_LAYER_BACKEND, per_layer_attention_forward),
-):
-    AttentionInterface.register(_name, _fn)
-    AttentionMaskInterface.register(_name, _no_hf_mask)
+        return sdpa_attention(module, query, key, value, None, scaling, dropout), None
 
 
 def check_backend_for_model(name: str, model: nn.Module, is_init_check: bool = False) -> None:
-    """Checks made when `model` is put on backend `name`: the config's needs, installed packages,
-    the device of the weights (skipped while the model is being built, as transformers does)."""
-    check_backend_for_config(name, model.config)
-    names = set(model.config._attn_layer_backends.values()) if name == PER_LAYER_BACKEND else {name}
-    for backend in names:
-        caps = BACKENDS[backend]
-        if caps.needs and importlib.util.find_spec(caps.needs) is None:
-            raise ValueError(
-                f"attn_implementation={backend!r} needs the {caps.needs} package, which is not installed: "
-                f"pip install 'swapformer[flash]' on a CUDA machine, or use 'sdpa_fa' (torch's own flash kernel) or 'sdpa'"
-            )
-        if caps.devices == ("cuda",) and not torch.cuda.is_available():
-            raise ValueError(
-                f"attn_implementation={backend!r} runs on CUDA only and no CUDA device is available; use 'sdpa' or 'sparse'"
-            )
-        if is_init_check:
-            continue
-        for device in {p.device.type for p in model.parameters() if p.device.type != "meta"}:
-            if device not in caps.devices:
-                raise ValueError(
-                    f"attn_implementation={backend!r} does not run on device {device!r} (it runs on "
-                    f"{', '.join(caps.devices)}); move the model first or use 'sdpa' or 'sparse'"
-                )
+    """Checks made when `model` is put on backend `name` (`configuration/backends.py:
+    check_backend_available`), given the torch facts: CUDA, and the device of the weights (skipped while
+    the model is being built, as transformers does)."""
+    devices = (
+        set() if is_init_check else {p.device.type for p in model.parameters() if p.device.type != "meta"}
+    )
+    check_backend_available(name, model.config, cuda=torch.cuda.is_available(), weight_devices=devices)
 
 
 def check_backend_for_batch(backend: str, kind: str, module: nn.Module, device: torch.device) -> None:
@@ -211,3 +164,27 @@ def lower_mask(pattern: AttentionPattern, backend: str, dtype):
     if compiles(backend, pattern.kind, pattern.device.type):
         return lower(pattern, backend, dtype)
     return run_uncompiled(lower, pattern, backend, dtype)
+
+
+def sdpa_attention(module, query, key, value, mask, scaling, dropout):
+    """SDPA with GQA folded into the query rows; returns (B, T, H, D)."""
+    batch, heads, t, d = query.shape
+    kv_heads = key.shape[1]
+    groups = heads // kv_heads
+    is_causal = mask is None and module.is_causal and t > 1
+    if groups > 1 and not is_causal:
+        q = query.reshape(batch, kv_heads, groups * t, d)
+        if mask is not None and mask.shape[1] != 1:
+            mask = mask.reshape(batch, kv_heads, groups * t, -1)
+        elif mask is not None:
+            mask = mask.expand(batch, 1, t, mask.shape[-1]).repeat(1, 1, groups, 1)
+        out = F.scaled_dot_product_attention(q, key, value, attn_mask=mask, dropout_p=dropout, scale=scaling)
+        out = out.view(batch, heads, t, d)
+    else:
+        if groups > 1:
+            key = key.repeat_interleave(groups, dim=1)
+            value = value.repeat_interleave(groups, dim=1)
+        out = F.scaled_dot_product_attention(
+            query, key, value, attn_mask=mask, dropout_p=dropout, scale=scaling, is_causal=is_causal
+        )
+    return out.transpose(1, 2).contiguous()

@@ -15,15 +15,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
-from transformers.cache_utils import (
-    DYNAMIC_LAYER_TYPE_MAPPING,
-    STATIC_LAYER_TYPE_MAPPING,
-    Cache,
-    DynamicLayer,
-    DynamicSlidingWindowLayer,
-    EncoderDecoderCache,
-    StaticLayer,
-)
+from transformers.cache_utils import Cache, DynamicLayer, EncoderDecoderCache, StaticLayer
+
+from .hf_compat import DYNAMIC_LAYER_TYPE_MAPPING, STATIC_LAYER_TYPE_MAPPING, DynamicSlidingWindowLayer
 
 # Set on a transformers Cache filled from packed rows, so a later step cannot extend it silently.
 PACKED_CACHE_FLAG = "_swapformer_packed_rows"

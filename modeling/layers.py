@@ -13,13 +13,13 @@ from __future__ import annotations
 
 import torch
 from torch import nn
-from transformers.activations import ACT2FN
 from transformers.modeling_layers import GradientCheckpointingLayer
 
 from ..configuration.backends import LAYER_TYPE_PATTERN
 from ..configuration.configuration_swapformer import GLOBAL_KINDS
 from .attention import attention_weights, call_attention
 from .global_rows import global_rows
+from .hf_compat import ACT2FN
 from .plan import LayerPlan
 from .positions import apply_rope
 

@@ -31,15 +31,7 @@ vmap (flex's `mask_mod`), and every backend therefore computes the same function
     same_sequence: True, or for packed rows (packing.py) the query's and the key's sequence numbers
                agree; global tokens are then the first tokens of each sequence
 
-Lowered forms (B batch, H heads, T queries, S keys):
-    eager   additive float (B, 1 or H, T, S): 0 allowed, -inf not, plus position bias; or None
-    sdpa    bool (B, 1, T, S), additive float with a bias, or None when `is_causal` (or nothing) says it
-    sparse  a `BlockLayout` (see sparse.py); full layers take the sdpa form
-    flex_attention     a BlockMask built from the same predicate
-    flash_attention_2  a (B, S) padding mask or None; the window goes to the kernel as `sliding_window`;
-                       packed rows: a `KernelMask` carrying transformers' varlen arguments
-                       (`cu_seq_lens_q/k`, `max_length_q/k`), which the attention layer passes on
-    sdpa_fa            None only (the kernel can apply no mask but `is_causal`)
+The mask each backend consumes is lowered from the pattern by lowering.py.
 """
 
 from __future__ import annotations
@@ -300,82 +292,3 @@ class AttentionPattern:
         if bias is None:
             return torch.where(allowed, zero, neg_inf)
         return torch.where(allowed, bias.to(dtype), neg_inf)
-
-
-# Lowering ---------------------------------------------------------------------------------------
-
-
-def lower_eager(pattern: AttentionPattern, dtype):
-    if pattern.is_trivial() and not pattern.causal:
-        return None
-    return pattern.additive(dtype)
-
-
-def lower_sdpa(pattern: AttentionPattern, dtype):
-    if pattern.is_trivial():
-        return None
-    if pattern.bias_fn is not None:
-        return pattern.additive(dtype)
-    return pattern.dense_allowed()
-
-
-def lower_flex(pattern: AttentionPattern, dtype):
-    from torch.nn.attention.flex_attention import create_block_mask
-
-    return create_block_mask(
-        pattern.mask_mod(),
-        pattern.batch,
-        None,
-        pattern.query_length,
-        pattern.key_length,
-        device=pattern.device,
-    )
-
-
-def lower_flash(pattern: AttentionPattern, dtype):
-    """flash-attn takes a key padding mask; causality and the window are kernel arguments."""
-    if pattern.kind not in ("full", "sliding") or pattern.bias_fn is not None:
-        raise ValueError(
-            f"flash_attention_2 cannot compute a {pattern.kind!r} pattern or a position bias; use 'sparse' or 'sdpa'"
-        )
-    if pattern.query_packing is not None:
-        if pattern.key_valid is not None:
-            raise ValueError(
-                "flash_attention_2 cannot combine a padding mask with packed sequences (transformers' flash path "
-                "then unpads by the mask and drops the sequence boundaries); pack without padding, as "
-                "DataCollatorWithFlattening does, or use 'sdpa' or 'sparse'"
-            )
-        # transformers' flash path runs the varlen kernel over the flattened batch with these
-        cu_q, max_q = pattern.query_packing.flash_boundaries()
-        cu_k, max_k = pattern.key_packing.flash_boundaries()
-        varlen = dict(cu_seq_lens_q=cu_q, cu_seq_lens_k=cu_k, max_length_q=max_q, max_length_k=max_k)
-        return KernelMask(None, varlen)
-    if pattern.key_valid is None:
-        return None
-    return pattern.key_valid.long()
-
-
-def lower_sdpa_fa(pattern: AttentionPattern, dtype):
-    if not pattern.is_trivial():
-        raise ValueError(
-            "attn_implementation='sdpa_fa' (SDPA pinned to its FlashAttention kernel) can apply no mask but plain "
-            f"causality, and this batch needs one (pattern={pattern.kind!r}, padding={pattern.key_valid is not None}, "
-            f"position bias={pattern.bias_fn is not None}, packed sequences={pattern.query_packing is not None}, "
-            f"cached chunk={pattern.query_offset > 0 and pattern.query_length > 1}); "
-            "use 'sdpa', 'sparse' or 'flash_attention_2'"
-        )
-    return None
-
-
-LOWERINGS: dict[str, Callable] = {
-    "eager": lower_eager,
-    "sdpa": lower_sdpa,
-    "flex_attention": lower_flex,
-    "flash_attention_2": lower_flash,
-    "sdpa_fa": lower_sdpa_fa,
-}
-
-
-def lower(pattern: AttentionPattern, backend: str, dtype):
-    """The mask `backend` consumes for `pattern` (`sparse` registers its lowering from sparse.py)."""
-    return LOWERINGS[backend](pattern, dtype)

@@ -1,27 +1,25 @@
 """What every swapformer model shares: weight initialisation, the backend check made when a backend
-is chosen, input validation, the token loss, and saving with generated remote code."""
+is chosen, saving with generated remote code, and the base-model inputs that task heads pass on
+(`BaseModelKwargs`). Losses live in losses.py, the cache argument in cache_argument.py, generate()'s
+weight copies in decoding_weights.py."""
 
 from __future__ import annotations
 
-import contextlib
-import functools
 import importlib
 import inspect
 import os
-import threading
-import warnings
+from typing import TypedDict
 
 import torch
 from torch import nn
 from transformers import PreTrainedModel
-from transformers import initialization as init
-from transformers.generation import GenerationMixin
 from transformers.utils import logging
 
 from ..configuration.backends import PER_LAYER_BACKEND, check_layer_backends
 from ..configuration.configuration_swapformer import SwapformerConfig
 from .attention import check_backend_for_model
 from .cache import static_key_slots
+from .hf_compat import init
 from .layers import RMSNorm
 from .remote_code import write_remote_code
 
@@ -177,210 +175,18 @@ def _publishing():
         return None
 
 
-class DecodingWeights:
-    """Input-major copies of the weight matrices that each decoding step reads, lent to their modules
-    for the length of one generate() call, then handed back.
-
-    At batch 1 a decoding step multiplies one row by every weight matrix, streamed from memory each
-    time. On CPU that product runs faster on a matrix stored (in, out), the layout of GPT-2's Conv1D,
-    than on `nn.Linear`'s (out, in): the vocabulary-sized LM head in about 0.55x the time, square
-    and wide matrices in 0.5-0.9x, narrow ones (MLP down, GQA k/v) not faster, so they are not copied.
-    No torch product reads the (out, in) matrix at that speed (DESIGN_NOTES.md 9), so the copies are
-    the price: their bytes while generate() runs, and the time to make them once per call (see the
-    README's generation benchmark).
-
-    The Parameters themselves are never touched (same object, storage, strides and autograd state),
-    so an optimizer holding them (fused AdamW keys its state to storage and strides), inference_mode,
-    tying and saving see nothing. During the call each module's `weight` entry points at its copy;
-    the copies are made under no_grad, so they are plain leaves whatever mode generate() runs in.
-    Skipped: subclassed or quantized layers, weights off the CPU or on meta, modules with an
-    Accelerate hook (offloading swaps their weights itself), the encoder of an encoder-decoder (it
-    runs once per prompt) and cross-attention keys/values (computed once, then cached).
-    `model.decoding_copies` chooses: "auto" (default: "all" where the copies pay for themselves, see
-    `worth_copying`, else "none"), "all", "lm_head" (the largest gain per byte) or "none" (no extra
-    memory, the speed of the Parameters' layout). Copies that would take more than half of the memory
-    available are cut down to the head, or to nothing, with a warning. Concurrent generate() calls on
-    one model share one set of copies (counted under a lock; the first call's choice holds).
-    """
-
-    CHOICES = ("auto", "all", "lm_head", "none")
-    # Measured (README, generation benchmark): the input-major layout makes a (rows, in) x (in, out)
-    # product faster only for 1 or 2 rows per step (the 50257 x 768 head: 0.54x and 0.47x the time;
-    # 4 rows and more: 0.9-0.96x, and a 3072 x 768 MLP matrix 1.2x slower), and one call's copying
-    # (41-111 ms) was repaid after 11 (Llama), 17 (BART) and 26 (GPT-2) new tokens.
-    MAX_ROWS = 2
-    MIN_NEW_TOKENS = 32
-
-    @classmethod
-    def worth_copying(cls, rows: int, new_tokens: int) -> bool:
-        """Whether "auto" copies: few rows per decoding step and enough steps to repay the copying."""
-        return rows <= cls.MAX_ROWS and new_tokens >= cls.MIN_NEW_TOKENS
-
-    _lock = threading.Lock()
-
-    def __init__(self, model: nn.Module, choice: str | None = None):
-        self.model, self.choice, self.users, self.lent = model, choice, 0, []  # lent: (module, Parameter)
-
-    @staticmethod
-    def candidates(model: nn.Module, choice: str | None = None) -> list[nn.Linear]:
-        """The plain CPU `nn.Linear`s read at every decoding step with at least as many outputs as
-        inputs, as far as `choice` (default `model.decoding_copies`) allows."""
-        choice = check_decoding_copies(
-            getattr(model, "decoding_copies", "auto") if choice is None else choice
-        )
-        if choice == "none":
-            return []
-        skip = set()
-        if getattr(model.config, "is_encoder_decoder", False):
-            skip.update(id(m) for m in model.get_encoder().modules())
-        for module in model.modules():
-            if getattr(module, "is_cross_attention", False):
-                skip.update((id(module.k_proj), id(module.v_proj)))
-        modules = [model.get_output_embeddings()] if choice == "lm_head" else model.modules()
-        return [
-            m
-            for m in modules
-            if type(m) is nn.Linear
-            and id(m) not in skip
-            and not hasattr(m, "_hf_hook")
-            and m.out_features >= m.in_features
-            and type(m.weight) is nn.Parameter
-            and m.weight.device.type == "cpu"
-            and m.weight.is_floating_point()
-            and m.weight.is_contiguous()
-        ]
-
-    @staticmethod
-    def size(modules: list[nn.Linear]) -> int:
-        """Bytes of the copies of `modules`' weights (a tied tensor once)."""
-        weights = {id(m.weight): m.weight for m in modules}
-        return sum(w.numel() * w.element_size() for w in weights.values())
-
-    def plan(self) -> list[nn.Linear]:
-        """The candidates, cut down when their copies would take over half the available memory."""
-        modules = self.candidates(self.model, self.choice)
-        free = available_memory_bytes()
-        if free is None or self.size(modules) <= free // 2:
-            return modules
-        head = self.candidates(self.model, "lm_head")
-        kept = head if 0 < self.size(head) <= free // 2 else []
-        logger.warning_once(
-            f"generate() copies the decoding weights input-major for faster CPU decoding; the copies "
-            f"({self.size(modules) / 2**20:.0f} MiB) would take over half of the available memory "
-            f"({free / 2**20:.0f} MiB), so {'only the LM head is' if kept else 'nothing is'} copied (set "
-            "model.decoding_copies to 'lm_head' or 'none' to choose)"
-        )
-        return kept
-
-    def lend(self) -> None:
-        copies: dict[int, nn.Parameter] = {}  # one copy per tensor, also when tied
-        for module in self.plan():
-            weight = module.weight
-            if id(weight) not in copies:
-                copies[id(weight)] = nn.Parameter(input_major_copy(weight), requires_grad=False)
-            self.lent.append((module, weight))
-            module._parameters["weight"] = copies[id(weight)]
-
-    def hand_back(self) -> None:
-        for module, weight in reversed(self.lent):
-            module._parameters["weight"] = weight
-        self.lent.clear()
-
-    @classmethod
-    @contextlib.contextmanager
-    def during(cls, model: nn.Module, choice: str | None = None):
-        """Lend the copies (`choice`, default `model.decoding_copies`) to `model` inside the block
-        (shared by overlapping calls)."""
-        with cls._lock:
-            lease = model.__dict__.get("_decoding_weights")
-            if lease is None:
-                lease = cls(model, choice)
-                try:
-                    lease.lend()
-                except BaseException:
-                    lease.hand_back()
-                    raise
-                model.__dict__["_decoding_weights"] = lease
-            lease.users += 1
-        try:
-            yield lease
-        finally:
-            with cls._lock:
-                lease.users -= 1
-                if lease.users == 0:
-                    lease.hand_back()
-                    del model.__dict__["_decoding_weights"]
-
-
-@torch.no_grad()
-def input_major_copy(weight: torch.Tensor, rows: int = 512) -> torch.Tensor:
-    """`weight` (out, in) with the same values, stored (in, out). Copied in blocks of `rows` output
-    rows: about 2x faster on CPU than one transposing copy (measured, a 50257 x 768 head)."""
-    out = torch.empty(weight.shape[1], weight.shape[0], dtype=weight.dtype, device=weight.device)
-    for start in range(0, weight.shape[0], rows):
-        out[:, start : start + rows].copy_(weight[start : start + rows].t())
-    return out.t()
-
-
-def available_memory_bytes() -> int | None:
-    """MemAvailable from /proc/meminfo (Linux), or None where unknown."""
-    try:
-        with open("/proc/meminfo") as f:
-            return next((int(line.split()[1]) * 1024 for line in f if line.startswith("MemAvailable:")), None)
-    except OSError:
-        return None
-
-
-class SwapformerGenerationMixin(GenerationMixin):
-    """transformers' generate(), decoding on input-major copies of the CPU weights (`DecodingWeights`)."""
-
-    decoding_copies: str = "auto"  # or "all", "lm_head", "none": see DecodingWeights
-
-    def generate(self, *args, **kwargs):
-        choice = check_decoding_copies(self.decoding_copies)
-        if choice == "auto":
-            choice = "all" if DecodingWeights.worth_copying(*self._decoding_shape(args, kwargs)) else "none"
-        with DecodingWeights.during(self, choice):
-            return super().generate(*args, **kwargs)
-
-    def _decoding_shape(self, args, kwargs) -> tuple[int, int]:
-        """(rows per decoding step, new tokens at most) of a generate() call, from its arguments and
-        generation config as generate() resolves them (arguments override the config)."""
-        config = kwargs.get("generation_config") or self.generation_config
-
-        def option(name, default):
-            value = kwargs.get(name, getattr(config, name, None))
-            return default if value is None else value
-
-        inputs = (
-            args[0]
-            if args
-            else next(
-                (kwargs[k] for k in ("input_ids", "inputs", "inputs_embeds") if kwargs.get(k) is not None),
-                None,
-            )
-        )
-        batch = inputs.shape[0] if torch.is_tensor(inputs) else 1
-        rows = batch * max(option("num_beams", 1), option("num_return_sequences", 1))
-        new_tokens = kwargs.get("max_new_tokens", getattr(config, "max_new_tokens", None))
-        if new_tokens is None:
-            prompt = 0 if self.config.is_encoder_decoder or not torch.is_tensor(inputs) else inputs.shape[1]
-            new_tokens = option("max_length", 20) - prompt
-        return rows, new_tokens
-
-
-def check_decoding_copies(choice) -> str:
-    if choice not in DecodingWeights.CHOICES:
-        raise ValueError(
-            f"decoding_copies={choice!r}; choose one of {DecodingWeights.CHOICES} (what generate() copies "
-            "input-major for faster CPU decoding)"
-        )
-    return choice
-
-
 def finish_output(config, output, return_dict: bool | None):
     """The ModelOutput, or its tuple (None fields dropped, loss first) when return_dict is False."""
     return output if (config.return_dict if return_dict is None else return_dict) else output.to_tuple()
+
+
+def head_output(model: nn.Module, output_class: type, base_output, return_dict: bool | None, **fields):
+    """A task head's output: its own `fields` (loss, logits) and every field of the base model's
+    output that `output_class` also has (cache, hidden states, attentions), as `finish_output` gives it."""
+    carried = {
+        k: v for k, v in base_output.items() if k in output_class.__dataclass_fields__ and k not in fields
+    }
+    return finish_output(model.config, output_class(**carried, **fields), return_dict)
 
 
 def keep_positions(h: torch.Tensor, logits_to_keep: int | torch.Tensor) -> torch.Tensor:
@@ -396,200 +202,103 @@ def keep_positions(h: torch.Tensor, logits_to_keep: int | torch.Tensor) -> torch
     return h[:, logits_to_keep]
 
 
-# The cache argument ------------------------------------------------------------------------------
-
-# transformers 5.24 renamed the cache argument to `cache` and deprecates the old names with
-# `deprecate_kwarg(old, "5.40.0", new_name="cache")` (Llama, BART: past_key_values; Mamba:
-# cache_params); the warning below is that decorator's text.
-OLD_CACHE_NAMES = ("past_key_values", "cache_params")
-CACHE_NAMES_REMOVED_IN = "5.40.0"
+# Inputs passed through ---------------------------------------------------------------------------
 
 
-def cache_argument(forward):
-    """Decorates a forward whose cache parameter is `cache`: `past_key_values=` and `cache_params=`
-    are taken with transformers' FutureWarning (shown once per call site, as Python shows it),
-    two names for the cache at once raise, and `cache_position` (which transformers 5.24's models
-    take and no longer need) is checked against the cache instead of being silently ignored."""
-    signature = inspect.signature(forward)
-    names = list(signature.parameters)
-    cache_at = names.index("cache")  # position in (self, *args)
-    # the tokens the cache grows by: the decoder's, for an encoder-decoder
-    new_tokens = (
-        ("decoder_input_ids", "decoder_inputs_embeds", "labels")
-        if "decoder_input_ids" in names
-        else ("input_ids", "inputs_embeds")
-    )
-
-    @functools.wraps(forward)
-    def wrapper(self, *args, **kwargs):
-        given = [n for n in OLD_CACHE_NAMES if kwargs.get(n) is not None]
-        for n in OLD_CACHE_NAMES:
-            if kwargs.get(n) is None:
-                kwargs.pop(n, None)
-        if given:
-            positional = args[cache_at - 1] if len(args) >= cache_at else None
-            if kwargs.get("cache") is not None or positional is not None:
-                given.insert(0, "cache")
-            if len(given) > 1:
-                raise ValueError(
-                    f"Both `{given[0]}` and `{given[1]}` are set for `{type(self).__name__}.forward`: pass the "
-                    "cache once, as `cache=`, not both (`past_key_values` and `cache_params` are its deprecated names)"
-                )
-            if not torch.compiler.is_compiling():
-                warnings.warn(
-                    f"`{given[0]}` is deprecated and will be removed in version {CACHE_NAMES_REMOVED_IN} for "
-                    f"`{type(self).__name__}.forward`. Use `cache` instead.",
-                    FutureWarning,
-                    stacklevel=2,
-                )
-            if len(args) >= cache_at:
-                args = (*args[: cache_at - 1], kwargs.pop(given[0]), *args[cache_at:])
-            else:
-                kwargs["cache"] = kwargs.pop(given[0])
-        cache_position = kwargs.pop("cache_position", None)
-        if cache_position is not None and not torch.compiler.is_compiling():
-            check_cache_position(cache_position, signature.bind(self, *args, **kwargs).arguments, new_tokens)
-        return forward(self, *args, **kwargs)
-
-    return wrapper
-
-
-def check_cache_position(cache_position: torch.Tensor, arguments: dict, new_tokens: tuple[str, ...]) -> None:
-    """New tokens always follow the cached ones (as in transformers 5.24, where `cache_position` is
-    no longer read); a `cache_position` saying otherwise is an error rather than silently ignored."""
-    cache = arguments.get("cache")
-    past = cache.get_seq_length() if cache is not None else 0
-    for name in new_tokens:
-        if arguments.get(name) is not None:
-            length = arguments[name].shape[1]
-            break
-    else:
-        return
-    expected = torch.arange(past, past + length, device=cache_position.device)
-    if cache_position.shape[-1:] != (length,) or not bool((cache_position == expected).all()):
-        shown = cache_position.flatten()[:8].tolist()
-        raise ValueError(
-            f"cache_position={shown}{'...' if cache_position.numel() > 8 else ''} disagrees with the inputs: "
-            f"{length} new token(s) after {past} cached ones sit at positions {past}..{past + length - 1}. New "
-            "tokens always follow the cache; drop cache_position, or crop the cache (cache.crop(n)) to rewrite it"
-        )
-
-
-def use_cache_unless_checkpointing(module: nn.Module, use_cache: bool | None) -> bool:
-    """`use_cache` (default: the config's), switched off with transformers' warning while gradient
-    checkpointing trains: recomputed layers would write the cache twice."""
-    use_cache = module.config.use_cache if use_cache is None else use_cache
-    if use_cache and module.gradient_checkpointing and module.training and torch.is_grad_enabled():
-        # Llama's text (transformers.utils.generic.merge_with_config_defaults)
-        logger.warning_once(
-            "`use_cache=True` is incompatible with gradient checkpointing. Setting `use_cache=False`."
-        )
-        return False
-    return bool(use_cache)
-
-
-# Losses ------------------------------------------------------------------------------------------
-
-
-def check_label_ids(labels: torch.Tensor, vocab_size: int, name: str = "labels", ignore_index: int = -100):
-    """Token labels lie in [0, vocab_size) or equal `ignore_index`; checked where the user gave them,
-    not as an index error inside the loss or the embedding."""
-    if torch.compiler.is_compiling() or not labels.numel():
-        return
-    real = labels[labels != ignore_index]
-    if real.numel() and (int(real.min()) < 0 or int(real.max()) >= vocab_size):
-        raise ValueError(
-            f"{name} holds token ids in [{int(real.min())}, {int(real.max())}] but vocab_size={vocab_size}; "
-            f"use ids in [0, {vocab_size}) and {ignore_index} for positions without loss (the tokenizer and the "
-            "model disagree: resize_token_embeddings, or fix the tokenizer)"
-        )
-
-
-def token_cross_entropy(
-    logits: torch.Tensor,
-    labels: torch.Tensor,
-    *,
-    shift: bool,
-    num_items_in_batch: int | torch.Tensor | None = None,
-    ignore_index: int = -100,
-    name: str = "labels",
-) -> torch.Tensor:
-    """Cross-entropy over tokens, in fp32.
+class BaseModelKwargs(TypedDict, total=False):
+    """The base-model inputs that a task head passes on untouched, as `**kwargs: Unpack[BaseModelKwargs]`
+    (transformers types its heads' `**kwargs` with `TransformersKwargs`). A new input of every
+    architecture is added here and read in `stack_inputs`, nowhere else.
 
     Args:
-        logits: (B, T, V).
-        labels: (B, T), `ignore_index` where no loss is taken.
-        shift: predict token t + 1 from position t (causal LM); False for masked LM and seq2seq,
-            whose labels are already aligned with the logits.
-        num_items_in_batch: number of labelled tokens over the whole (accumulated) batch, as given by
-            Trainer or an Accelerate loop; the sum is divided by it so that gradient accumulation gives
-            the gradient of one big batch. Without it, the mean over this batch's labelled tokens.
-        name: what the user called `labels`, for the error on ids outside the vocabulary.
+        output_attentions, output_hidden_states: return every layer's attention map / hidden state
+            (default: the config's).
+        global_attention_mask: (B, S), 1 for tokens that attend to and are attended by all tokens in
+            sliding_global/bigbird layers (e.g. the CLS token, question tokens); S also counts
+            cached tokens. Of the encoder input, for an encoder-decoder.
+        cu_seq_lens_q, cu_seq_lens_k, max_length_q, max_length_k, seq_idx: packed sequences as
+            `DataCollatorWithFlattening` marks them (restarting `position_ids` alone do too); each
+            sequence then attends only to itself (modeling/packing.py). Of the encoder input, for an
+            encoder-decoder.
+
+    transformers' models ignore a keyword they do not know; here a name outside these is a
+    TypeError (`stack_inputs`), as a misspelt keyword argument of a plain forward is.
     """
-    check_label_ids(labels, logits.shape[-1], name, ignore_index)
-    if shift:
-        logits, labels = logits[:, :-1], labels[:, 1:]
-    logits = logits.reshape(-1, logits.shape[-1]).float()
-    labels = labels.reshape(-1).to(logits.device)
-    if num_items_in_batch is None:
-        return nn.functional.cross_entropy(logits, labels, ignore_index=ignore_index)
-    total = nn.functional.cross_entropy(logits, labels, ignore_index=ignore_index, reduction="sum")
-    if torch.is_tensor(num_items_in_batch):
-        num_items_in_batch = num_items_in_batch.to(total.device)
-    return total / num_items_in_batch
+
+    output_attentions: bool | None
+    output_hidden_states: bool | None
+    global_attention_mask: torch.Tensor | None
+    cu_seq_lens_q: torch.Tensor | None
+    cu_seq_lens_k: torch.Tensor | None
+    max_length_q: int | None
+    max_length_k: int | None
+    seq_idx: torch.Tensor | None
 
 
-def causal_lm_loss(
-    logits: torch.Tensor,
-    labels: torch.Tensor | None,
-    shift_labels: torch.Tensor | None,
-    num_items_in_batch: int | torch.Tensor | None = None,
-) -> torch.Tensor | None:
-    """transformers' `ForCausalLMLoss`: `labels` (B, T) are shifted inside; `shift_labels` (B, T),
-    already aligned with the logits (context parallelism, packing collators), win when both are given."""
-    if shift_labels is None:
-        if labels is None:
-            return None
-        return token_cross_entropy(logits, labels, shift=True, num_items_in_batch=num_items_in_batch)
-    if tuple(shift_labels.shape) != tuple(logits.shape[:-1]):
-        raise ValueError(
-            f"shift_labels has shape {tuple(shift_labels.shape)} but the logits cover {tuple(logits.shape[:-1])} "
-            "positions: shift_labels[b, t] is the token that follows position t (-100 for none), one per position "
-            "(with logits_to_keep, pass labels instead)"
+PACKING_INPUTS = ("cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k", "seq_idx")
+
+
+def takes_base_inputs(forward):
+    """Shows the `BaseModelKwargs` names in `forward`'s signature as keyword-only parameters (before
+    its `**kwargs`). transformers reads forward signatures: Trainer drops dataset columns that are
+    not parameters (`remove_unused_columns`) and generate() refuses keyword arguments that are not
+    (`_validate_model_kwargs`), so a `global_attention_mask` column or argument must be one."""
+    signature = inspect.signature(forward)
+    *params, var_keyword = signature.parameters.values()
+    if var_keyword.kind is not inspect.Parameter.VAR_KEYWORD:
+        raise TypeError(f"{forward.__qualname__} must end with **kwargs to take the base-model inputs")
+    listed = [
+        # annotations are strings (postponed evaluation), which TypedDict wraps as ForwardRefs
+        inspect.Parameter(
+            name,
+            inspect.Parameter.KEYWORD_ONLY,
+            default=None,
+            annotation=getattr(hint, "__forward_arg__", hint),
         )
-    return token_cross_entropy(
-        logits, shift_labels, shift=False, num_items_in_batch=num_items_in_batch, name="shift_labels"
+        for name, hint in BaseModelKwargs.__annotations__.items()
+        if name not in signature.parameters
+    ]
+    forward.__signature__ = signature.replace(parameters=[*params, *listed, var_keyword])
+    return forward
+
+
+def check_base_inputs(module: nn.Module, kwargs: dict) -> None:
+    """A keyword argument that is neither a parameter of the forward that got it (a head's or the base
+    model's) nor a `BaseModelKwargs` name is a TypeError, as for any plain function."""
+    unknown = sorted(set(kwargs) - BaseModelKwargs.__optional_keys__)
+    if unknown:
+        raise TypeError(
+            f"{type(module).__name__}.forward() (or the task head that called it) got unexpected keyword "
+            f"argument(s) {unknown}: neither its parameters nor a BaseModelKwargs input "
+            f"{sorted(BaseModelKwargs.__optional_keys__)}; check the spelling"
+        )
+
+
+def stack_inputs(module: nn.Module, kwargs: BaseModelKwargs) -> dict:
+    """`forward_stack`'s keyword arguments for the `BaseModelKwargs` a base model was given (output
+    flags defaulting to the config's); any other name is a TypeError naming the model."""
+    check_base_inputs(module, kwargs)
+    config = module.config
+
+    def flag(name):
+        value = kwargs.get(name)
+        return getattr(config, name) if value is None else value
+
+    return dict(
+        global_attention_mask=kwargs.get("global_attention_mask"),
+        output_attentions=flag("output_attentions"),
+        output_hidden_states=flag("output_hidden_states"),
+        packing_inputs={name: kwargs.get(name) for name in PACKING_INPUTS},
     )
-
-
-def sequence_classification_loss(config, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-    """Regression, single-label or multi-label loss, chosen as transformers does (`problem_type`)."""
-    num_labels = logits.shape[-1]
-    problem = config.problem_type
-    if problem is None:
-        if num_labels == 1:
-            problem = "regression"
-        elif labels.dtype in (torch.long, torch.int):
-            problem = "single_label_classification"
-        else:
-            problem = "multi_label_classification"
-    if problem == "regression":
-        return nn.functional.mse_loss(logits.squeeze(-1).float(), labels.squeeze(-1).float())
-    if problem == "single_label_classification":
-        return nn.functional.cross_entropy(logits.view(-1, num_labels).float(), labels.view(-1))
-    return nn.functional.binary_cross_entropy_with_logits(logits.float(), labels.float())
 
 
 __all__ = [
+    "BaseModelKwargs",
     "SwapformerPreTrainedModel",
-    "SwapformerGenerationMixin",
-    "DecodingWeights",
-    "cache_argument",
-    "causal_lm_loss",
-    "check_label_ids",
+    "check_base_inputs",
     "finish_output",
+    "head_output",
     "keep_positions",
-    "token_cross_entropy",
-    "sequence_classification_loss",
-    "use_cache_unless_checkpointing",
+    "stack_inputs",
+    "takes_base_inputs",
 ]

@@ -10,19 +10,21 @@ from transformers.modeling_outputs import (
     CausalLMOutputWithPast,
     SequenceClassifierOutputWithPast,
 )
+from typing_extensions import Unpack
 
 from ..configuration.configuration_swapformer import DecoderConfig
+from .cache_argument import cache_argument, use_cache_unless_checkpointing
+from .decoding_weights import SwapformerGenerationMixin
+from .losses import causal_lm_loss, sequence_classification_loss
 from .modeling_base import (
-    SwapformerGenerationMixin,
+    BaseModelKwargs,
     SwapformerPreTrainedModel,
-    cache_argument,
-    causal_lm_loss,
     finish_output,
+    head_output,
     keep_positions,
-    sequence_classification_loss,
-    use_cache_unless_checkpointing,
+    stack_inputs,
+    takes_base_inputs,
 )
-from .packing import packing_kwargs
 from .stack import StackMixin
 
 
@@ -46,6 +48,7 @@ class DecoderModel(StackMixin, DecoderPreTrainedModel):
         self.post_init()
 
     @cache_argument
+    @takes_base_inputs
     def forward(
         self,
         input_ids: torch.Tensor | None = None,
@@ -54,15 +57,9 @@ class DecoderModel(StackMixin, DecoderPreTrainedModel):
         cache: Cache | None = None,
         inputs_embeds: torch.Tensor | None = None,
         use_cache: bool | None = None,
-        output_attentions: bool | None = None,
-        output_hidden_states: bool | None = None,
+        *,
         return_dict: bool | None = None,
-        global_attention_mask: torch.Tensor | None = None,
-        cu_seq_lens_q: torch.Tensor | None = None,
-        cu_seq_lens_k: torch.Tensor | None = None,
-        max_length_q: int | None = None,
-        max_length_k: int | None = None,
-        seq_idx: torch.Tensor | None = None,
+        **kwargs: Unpack[BaseModelKwargs],
     ) -> BaseModelOutputWithPast | tuple:
         """
         Args:
@@ -71,33 +68,23 @@ class DecoderModel(StackMixin, DecoderPreTrainedModel):
                 its deprecated names; `cache_position`, if given, must be P..P+T-1).
             use_cache: create a `DynamicCache` when none is given and return it (off, with
                 transformers' warning, while gradient checkpointing trains).
-            global_attention_mask: (B, P + T), 1 for tokens that attend to and are attended by all
-                tokens (before them) in sliding_global/bigbird layers.
-            cu_seq_lens_q, cu_seq_lens_k, max_length_q, max_length_k, seq_idx: packed sequences as
-                `DataCollatorWithFlattening` marks them (restarting `position_ids` alone do too); each
-                sequence then attends only to itself (see modeling/packing.py).
+            kwargs: `BaseModelKwargs` (output flags, global tokens, packed sequences).
         """
-        cfg = self.config
         # A cache the caller passed is always read and updated; one is only created on request.
         if use_cache_unless_checkpointing(self, use_cache) and cache is None:
-            cache = DynamicCache(config=cfg)
+            cache = DynamicCache(config=self.config)
         h, hidden, attns, _ = self.forward_stack(
             input_ids=input_ids,
             inputs_embeds=inputs_embeds,
             attention_mask=attention_mask,
             position_ids=position_ids,
             cache=cache,
-            global_attention_mask=global_attention_mask,
-            output_attentions=cfg.output_attentions if output_attentions is None else output_attentions,
-            output_hidden_states=cfg.output_hidden_states
-            if output_hidden_states is None
-            else output_hidden_states,
-            packing_inputs=packing_kwargs(cu_seq_lens_q, cu_seq_lens_k, max_length_q, max_length_k, seq_idx),
+            **stack_inputs(self, kwargs),
         )
         out = BaseModelOutputWithPast(
             last_hidden_state=h, cache=cache, hidden_states=hidden, attentions=attns
         )
-        return finish_output(cfg, out, return_dict)
+        return finish_output(self.config, out, return_dict)
 
 
 class DecoderForCausalLM(DecoderPreTrainedModel, SwapformerGenerationMixin):
@@ -113,6 +100,7 @@ class DecoderForCausalLM(DecoderPreTrainedModel, SwapformerGenerationMixin):
         self.post_init()
 
     @cache_argument
+    @takes_base_inputs
     def forward(
         self,
         input_ids: torch.Tensor | None = None,
@@ -122,18 +110,12 @@ class DecoderForCausalLM(DecoderPreTrainedModel, SwapformerGenerationMixin):
         inputs_embeds: torch.Tensor | None = None,
         labels: torch.Tensor | None = None,
         use_cache: bool | None = None,
-        output_attentions: bool | None = None,
-        output_hidden_states: bool | None = None,
-        return_dict: bool | None = None,
+        *,
         logits_to_keep: int | torch.Tensor = 0,
+        return_dict: bool | None = None,
         num_items_in_batch: int | torch.Tensor | None = None,
-        global_attention_mask: torch.Tensor | None = None,
-        cu_seq_lens_q: torch.Tensor | None = None,
-        cu_seq_lens_k: torch.Tensor | None = None,
-        max_length_q: int | None = None,
-        max_length_k: int | None = None,
-        seq_idx: torch.Tensor | None = None,
         shift_labels: torch.Tensor | None = None,
+        **kwargs: Unpack[BaseModelKwargs],
     ) -> CausalLMOutputWithPast | tuple:
         """
         Args:
@@ -143,30 +125,13 @@ class DecoderForCausalLM(DecoderPreTrainedModel, SwapformerGenerationMixin):
             num_items_in_batch: labelled tokens in the whole accumulated batch (see `token_cross_entropy`).
             shift_labels: (B, T) labels already shifted (the target of position t at t), as
                 transformers' causal-LM loss takes them; used instead of `labels`.
+            kwargs: `BaseModelKwargs`, passed to `DecoderModel`.
         """
-        out = self.model(
-            input_ids=input_ids,
-            attention_mask=attention_mask,
-            position_ids=position_ids,
-            cache=cache,
-            inputs_embeds=inputs_embeds,
-            use_cache=use_cache,
-            output_attentions=output_attentions,
-            output_hidden_states=output_hidden_states,
-            global_attention_mask=global_attention_mask,
-            return_dict=True,
-            **packing_kwargs(cu_seq_lens_q, cu_seq_lens_k, max_length_q, max_length_k, seq_idx),
-        )
+        base_inputs = (input_ids, attention_mask, position_ids, cache, inputs_embeds, use_cache)
+        out = self.model(*base_inputs, return_dict=True, **kwargs)
         logits = self.lm_head(keep_positions(out.last_hidden_state, logits_to_keep))
         loss = causal_lm_loss(logits, labels, shift_labels, num_items_in_batch)
-        result = CausalLMOutputWithPast(
-            loss=loss,
-            logits=logits,
-            cache=out.cache,
-            hidden_states=out.hidden_states,
-            attentions=out.attentions,
-        )
-        return finish_output(self.config, result, return_dict)
+        return head_output(self, CausalLMOutputWithPast, out, return_dict, loss=loss, logits=logits)
 
     def _update_model_kwargs_for_generation(
         self, outputs, model_kwargs, is_encoder_decoder: bool = False, num_new_tokens: int = 1
@@ -185,6 +150,8 @@ class DecoderForCausalLM(DecoderPreTrainedModel, SwapformerGenerationMixin):
 class DecoderForSequenceClassification(DecoderPreTrainedModel):
     """Classifies a sequence from the hidden state of its last token (GPT-2, Llama style)."""
 
+    accepts_loss_kwargs = False  # its loss is a mean over sequences: Trainer must not pass a token count
+
     def __init__(self, config: DecoderConfig):
         super().__init__(config)
         self.model = DecoderModel(config)
@@ -192,6 +159,7 @@ class DecoderForSequenceClassification(DecoderPreTrainedModel):
         self.post_init()
 
     @cache_argument
+    @takes_base_inputs
     def forward(
         self,
         input_ids: torch.Tensor | None = None,
@@ -201,31 +169,14 @@ class DecoderForSequenceClassification(DecoderPreTrainedModel):
         inputs_embeds: torch.Tensor | None = None,
         labels: torch.Tensor | None = None,
         use_cache: bool | None = None,
-        output_attentions: bool | None = None,
-        output_hidden_states: bool | None = None,
+        *,
         return_dict: bool | None = None,
-        global_attention_mask: torch.Tensor | None = None,
-        cu_seq_lens_q: torch.Tensor | None = None,
-        cu_seq_lens_k: torch.Tensor | None = None,
-        max_length_q: int | None = None,
-        max_length_k: int | None = None,
-        seq_idx: torch.Tensor | None = None,
+        **kwargs: Unpack[BaseModelKwargs],
     ) -> SequenceClassifierOutputWithPast | tuple:
         """The last token is the last one with attention_mask 1 (left or right padding), else
         the last one that is not `pad_token_id`, else the last position."""
-        out = self.model(
-            input_ids=input_ids,
-            attention_mask=attention_mask,
-            position_ids=position_ids,
-            cache=cache,
-            inputs_embeds=inputs_embeds,
-            use_cache=use_cache,
-            output_attentions=output_attentions,
-            output_hidden_states=output_hidden_states,
-            global_attention_mask=global_attention_mask,
-            return_dict=True,
-            **packing_kwargs(cu_seq_lens_q, cu_seq_lens_k, max_length_q, max_length_k, seq_idx),
-        )
+        base_inputs = (input_ids, attention_mask, position_ids, cache, inputs_embeds, use_cache)
+        out = self.model(*base_inputs, return_dict=True, **kwargs)
         logits = self.score(out.last_hidden_state)  # (B, T, num_labels)
         b, t = logits.shape[:2]
         positions = torch.arange(t, device=logits.device)
@@ -242,14 +193,7 @@ class DecoderForSequenceClassification(DecoderPreTrainedModel):
             )
         pooled = logits[torch.arange(b, device=logits.device), last]
         loss = sequence_classification_loss(self.config, pooled, labels) if labels is not None else None
-        result = SequenceClassifierOutputWithPast(
-            loss=loss,
-            logits=pooled,
-            cache=out.cache,
-            hidden_states=out.hidden_states,
-            attentions=out.attentions,
-        )
-        return finish_output(self.config, result, return_dict)
+        return head_output(self, SequenceClassifierOutputWithPast, out, return_dict, loss=loss, logits=pooled)
 
 
 AUTO_CLASSES = {

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import torch
 from torch import nn
-from transformers.activations import ACT2FN
 from transformers.modeling_outputs import (
     BaseModelOutputWithPooling,
     MaskedLMOutput,
@@ -12,16 +11,20 @@ from transformers.modeling_outputs import (
     SequenceClassifierOutput,
     TokenClassifierOutput,
 )
+from typing_extensions import Unpack
 
 from ..configuration.configuration_swapformer import EncoderConfig
+from .hf_compat import ACT2FN
 from .layers import make_norm
+from .losses import sequence_classification_loss, span_loss, token_cross_entropy
 from .modeling_base import (
+    BaseModelKwargs,
     SwapformerPreTrainedModel,
     finish_output,
-    sequence_classification_loss,
-    token_cross_entropy,
+    head_output,
+    stack_inputs,
+    takes_base_inputs,
 )
-from .packing import packing_kwargs
 from .stack import StackMixin
 
 
@@ -61,6 +64,7 @@ class EncoderModel(StackMixin, EncoderPreTrainedModel):
         self.pooler = Pooler(config) if add_pooling_layer else None
         self.post_init()
 
+    @takes_base_inputs
     def forward(
         self,
         input_ids: torch.Tensor | None = None,
@@ -68,35 +72,18 @@ class EncoderModel(StackMixin, EncoderPreTrainedModel):
         token_type_ids: torch.Tensor | None = None,
         position_ids: torch.Tensor | None = None,
         inputs_embeds: torch.Tensor | None = None,
-        output_attentions: bool | None = None,
-        output_hidden_states: bool | None = None,
+        *,
         return_dict: bool | None = None,
-        global_attention_mask: torch.Tensor | None = None,
-        cu_seq_lens_q: torch.Tensor | None = None,
-        cu_seq_lens_k: torch.Tensor | None = None,
-        max_length_q: int | None = None,
-        max_length_k: int | None = None,
-        seq_idx: torch.Tensor | None = None,
+        **kwargs: Unpack[BaseModelKwargs],
     ) -> BaseModelOutputWithPooling | tuple:
-        """global_attention_mask: (B, T), 1 for tokens that attend to and are attended by all tokens
-        in sliding_global/bigbird layers (e.g. the CLS token, question tokens).
-
-        cu_seq_lens_q, cu_seq_lens_k, max_length_q, max_length_k, seq_idx: packed sequences as
-        `DataCollatorWithFlattening` marks them (restarting `position_ids` alone do too); each sequence
-        then attends only to itself (see modeling/packing.py)."""
-        cfg = self.config
+        """kwargs: `BaseModelKwargs` (output flags, global tokens, packed sequences)."""
         h, hidden, attns, _ = self.forward_stack(
             input_ids=input_ids,
             inputs_embeds=inputs_embeds,
             attention_mask=attention_mask,
             position_ids=position_ids,
             token_type_ids=token_type_ids,
-            global_attention_mask=global_attention_mask,
-            output_attentions=cfg.output_attentions if output_attentions is None else output_attentions,
-            output_hidden_states=cfg.output_hidden_states
-            if output_hidden_states is None
-            else output_hidden_states,
-            packing_inputs=packing_kwargs(cu_seq_lens_q, cu_seq_lens_k, max_length_q, max_length_k, seq_idx),
+            **stack_inputs(self, kwargs),
         )
         out = BaseModelOutputWithPooling(
             last_hidden_state=h,
@@ -104,7 +91,7 @@ class EncoderModel(StackMixin, EncoderPreTrainedModel):
             hidden_states=hidden,
             attentions=attns,
         )
-        return finish_output(cfg, out, return_dict)
+        return finish_output(self.config, out, return_dict)
 
 
 class MaskedLMHead(nn.Module):
@@ -138,46 +125,28 @@ class EncoderForMaskedLM(EncoderPreTrainedModel):
     def set_output_embeddings(self, new_embeddings):
         self.lm_head.decoder = new_embeddings
 
+    @takes_base_inputs
     def forward(
         self,
-        input_ids=None,
-        attention_mask=None,
-        token_type_ids=None,
-        position_ids=None,
-        inputs_embeds=None,
+        input_ids: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        token_type_ids: torch.Tensor | None = None,
+        position_ids: torch.Tensor | None = None,
+        inputs_embeds: torch.Tensor | None = None,
         labels: torch.Tensor | None = None,
-        output_attentions=None,
-        output_hidden_states=None,
-        return_dict=None,
-        global_attention_mask=None,
+        *,
         num_items_in_batch: int | torch.Tensor | None = None,
-        cu_seq_lens_q: torch.Tensor | None = None,
-        cu_seq_lens_k: torch.Tensor | None = None,
-        max_length_q: int | None = None,
-        max_length_k: int | None = None,
-        seq_idx: torch.Tensor | None = None,
+        return_dict: bool | None = None,
+        **kwargs: Unpack[BaseModelKwargs],
     ) -> MaskedLMOutput | tuple:
         """labels: (B, T) token ids at masked positions, -100 elsewhere."""
-        out = self.model(
-            input_ids=input_ids,
-            attention_mask=attention_mask,
-            token_type_ids=token_type_ids,
-            position_ids=position_ids,
-            inputs_embeds=inputs_embeds,
-            output_attentions=output_attentions,
-            output_hidden_states=output_hidden_states,
-            global_attention_mask=global_attention_mask,
-            return_dict=True,
-            **packing_kwargs(cu_seq_lens_q, cu_seq_lens_k, max_length_q, max_length_k, seq_idx),
-        )
+        base_inputs = (input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds)
+        out = self.model(*base_inputs, return_dict=True, **kwargs)
         logits = self.lm_head(out.last_hidden_state)
         loss = None
         if labels is not None:
             loss = token_cross_entropy(logits, labels, shift=False, num_items_in_batch=num_items_in_batch)
-        result = MaskedLMOutput(
-            loss=loss, logits=logits, hidden_states=out.hidden_states, attentions=out.attentions
-        )
-        return finish_output(self.config, result, return_dict)
+        return head_output(self, MaskedLMOutput, out, return_dict, loss=loss, logits=logits)
 
 
 def classifier_dropout(config: EncoderConfig) -> float:
@@ -204,6 +173,8 @@ class EncoderForSequenceClassification(EncoderPreTrainedModel):
     model converted from BERT starts from its trained pooler). Without: RoBERTa's head `classifier`
     (`ClassificationHead`) on the first token."""
 
+    accepts_loss_kwargs = False  # its loss is a mean over sequences: Trainer must not pass a token count
+
     def __init__(self, config: EncoderConfig):
         super().__init__(config)
         self.model = EncoderModel(config)
@@ -215,46 +186,28 @@ class EncoderForSequenceClassification(EncoderPreTrainedModel):
             self.classifier = ClassificationHead(config)
         self.post_init()
 
+    @takes_base_inputs
     def forward(
         self,
-        input_ids=None,
-        attention_mask=None,
-        token_type_ids=None,
-        position_ids=None,
-        inputs_embeds=None,
+        input_ids: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        token_type_ids: torch.Tensor | None = None,
+        position_ids: torch.Tensor | None = None,
+        inputs_embeds: torch.Tensor | None = None,
         labels: torch.Tensor | None = None,
-        output_attentions=None,
-        output_hidden_states=None,
-        return_dict=None,
-        global_attention_mask=None,
-        cu_seq_lens_q: torch.Tensor | None = None,
-        cu_seq_lens_k: torch.Tensor | None = None,
-        max_length_q: int | None = None,
-        max_length_k: int | None = None,
-        seq_idx: torch.Tensor | None = None,
+        *,
+        return_dict: bool | None = None,
+        **kwargs: Unpack[BaseModelKwargs],
     ) -> SequenceClassifierOutput | tuple:
         """labels: (B,) class ids, (B,) floats for regression, or (B, num_labels) multi-label targets."""
-        out = self.model(
-            input_ids=input_ids,
-            attention_mask=attention_mask,
-            token_type_ids=token_type_ids,
-            position_ids=position_ids,
-            inputs_embeds=inputs_embeds,
-            output_attentions=output_attentions,
-            output_hidden_states=output_hidden_states,
-            global_attention_mask=global_attention_mask,
-            return_dict=True,
-            **packing_kwargs(cu_seq_lens_q, cu_seq_lens_k, max_length_q, max_length_k, seq_idx),
-        )
+        base_inputs = (input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds)
+        out = self.model(*base_inputs, return_dict=True, **kwargs)
         if self.dropout is not None:
             logits = self.classifier(self.dropout(out.pooler_output))
         else:
             logits = self.classifier(out.last_hidden_state)
         loss = sequence_classification_loss(self.config, logits, labels) if labels is not None else None
-        result = SequenceClassifierOutput(
-            loss=loss, logits=logits, hidden_states=out.hidden_states, attentions=out.attentions
-        )
-        return finish_output(self.config, result, return_dict)
+        return head_output(self, SequenceClassifierOutput, out, return_dict, loss=loss, logits=logits)
 
 
 class EncoderForTokenClassification(EncoderPreTrainedModel):
@@ -267,106 +220,63 @@ class EncoderForTokenClassification(EncoderPreTrainedModel):
         self.classifier = nn.Linear(config.hidden_size, config.num_labels)
         self.post_init()
 
+    @takes_base_inputs
     def forward(
         self,
-        input_ids=None,
-        attention_mask=None,
-        token_type_ids=None,
-        position_ids=None,
-        inputs_embeds=None,
+        input_ids: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        token_type_ids: torch.Tensor | None = None,
+        position_ids: torch.Tensor | None = None,
+        inputs_embeds: torch.Tensor | None = None,
         labels: torch.Tensor | None = None,
-        output_attentions=None,
-        output_hidden_states=None,
-        return_dict=None,
-        global_attention_mask=None,
+        *,
         num_items_in_batch: int | torch.Tensor | None = None,
-        cu_seq_lens_q: torch.Tensor | None = None,
-        cu_seq_lens_k: torch.Tensor | None = None,
-        max_length_q: int | None = None,
-        max_length_k: int | None = None,
-        seq_idx: torch.Tensor | None = None,
+        return_dict: bool | None = None,
+        **kwargs: Unpack[BaseModelKwargs],
     ) -> TokenClassifierOutput | tuple:
         """labels: (B, T) class ids, -100 where no loss is taken."""
-        out = self.model(
-            input_ids=input_ids,
-            attention_mask=attention_mask,
-            token_type_ids=token_type_ids,
-            position_ids=position_ids,
-            inputs_embeds=inputs_embeds,
-            output_attentions=output_attentions,
-            output_hidden_states=output_hidden_states,
-            global_attention_mask=global_attention_mask,
-            return_dict=True,
-            **packing_kwargs(cu_seq_lens_q, cu_seq_lens_k, max_length_q, max_length_k, seq_idx),
-        )
+        base_inputs = (input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds)
+        out = self.model(*base_inputs, return_dict=True, **kwargs)
         logits = self.classifier(self.dropout(out.last_hidden_state))
         loss = None
         if labels is not None:
             loss = token_cross_entropy(logits, labels, shift=False, num_items_in_batch=num_items_in_batch)
-        result = TokenClassifierOutput(
-            loss=loss, logits=logits, hidden_states=out.hidden_states, attentions=out.attentions
-        )
-        return finish_output(self.config, result, return_dict)
+        return head_output(self, TokenClassifierOutput, out, return_dict, loss=loss, logits=logits)
 
 
 class EncoderForQuestionAnswering(EncoderPreTrainedModel):
+    accepts_loss_kwargs = False  # its loss is a mean over sequences: Trainer must not pass a token count
+
     def __init__(self, config: EncoderConfig):
         super().__init__(config)
         self.model = EncoderModel(config, add_pooling_layer=False)
         self.qa_outputs = nn.Linear(config.hidden_size, 2)
         self.post_init()
 
+    @takes_base_inputs
     def forward(
         self,
-        input_ids=None,
-        attention_mask=None,
-        token_type_ids=None,
-        position_ids=None,
-        inputs_embeds=None,
+        input_ids: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        token_type_ids: torch.Tensor | None = None,
+        position_ids: torch.Tensor | None = None,
+        inputs_embeds: torch.Tensor | None = None,
         start_positions: torch.Tensor | None = None,
         end_positions: torch.Tensor | None = None,
-        output_attentions=None,
-        output_hidden_states=None,
-        return_dict=None,
-        global_attention_mask=None,
-        cu_seq_lens_q: torch.Tensor | None = None,
-        cu_seq_lens_k: torch.Tensor | None = None,
-        max_length_q: int | None = None,
-        max_length_k: int | None = None,
-        seq_idx: torch.Tensor | None = None,
+        *,
+        return_dict: bool | None = None,
+        **kwargs: Unpack[BaseModelKwargs],
     ) -> QuestionAnsweringModelOutput | tuple:
         """start_positions, end_positions: (B,) token indices of the answer span; positions outside
         the sequence are ignored by the loss."""
-        out = self.model(
-            input_ids=input_ids,
-            attention_mask=attention_mask,
-            token_type_ids=token_type_ids,
-            position_ids=position_ids,
-            inputs_embeds=inputs_embeds,
-            output_attentions=output_attentions,
-            output_hidden_states=output_hidden_states,
-            global_attention_mask=global_attention_mask,
-            return_dict=True,
-            **packing_kwargs(cu_seq_lens_q, cu_seq_lens_k, max_length_q, max_length_k, seq_idx),
-        )
+        base_inputs = (input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds)
+        out = self.model(*base_inputs, return_dict=True, **kwargs)
         start_logits, end_logits = self.qa_outputs(out.last_hidden_state).unbind(-1)  # (B, T) each
         loss = None
         if start_positions is not None and end_positions is not None:
-            ignored = start_logits.shape[1]
-            start = start_positions.view(-1).clamp(0, ignored)
-            end = end_positions.view(-1).clamp(0, ignored)
-            loss = (
-                nn.functional.cross_entropy(start_logits.float(), start, ignore_index=ignored)
-                + nn.functional.cross_entropy(end_logits.float(), end, ignore_index=ignored)
-            ) / 2
-        result = QuestionAnsweringModelOutput(
-            loss=loss,
-            start_logits=start_logits.contiguous(),
-            end_logits=end_logits.contiguous(),
-            hidden_states=out.hidden_states,
-            attentions=out.attentions,
-        )
-        return finish_output(self.config, result, return_dict)
+            loss = span_loss(start_logits, end_logits, start_positions, end_positions)
+        spans = dict(start_logits=start_logits.contiguous(), end_logits=end_logits.contiguous())
+        return head_output(self, QuestionAnsweringModelOutput, out, return_dict, loss=loss, **spans)
 
 
 AUTO_CLASSES = {

@@ -5,28 +5,27 @@ from __future__ import annotations
 
 import torch
 from torch import nn
-from transformers import initialization as init
-from transformers.cache_utils import Cache, DynamicCache, DynamicLayer, EncoderDecoderCache
-from transformers.modeling_outputs import (
-    BaseModelOutput,
-    BaseModelOutputWithPastAndCrossAttentions,
-    Seq2SeqLMOutput,
-    Seq2SeqModelOutput,
-)
+from transformers.cache_utils import Cache, DynamicCache, EncoderDecoderCache
+from transformers.modeling_outputs import BaseModelOutput, Seq2SeqLMOutput, Seq2SeqModelOutput
+from typing_extensions import Unpack
 
 from ..configuration.configuration_swapformer import Seq2SeqConfig
+from .cache_argument import cache_argument, use_cache_unless_checkpointing
+from .decoding_weights import SwapformerGenerationMixin
+from .hf_compat import init
+from .losses import check_label_ids, token_cross_entropy
 from .modeling_base import (
-    SwapformerGenerationMixin,
+    PACKING_INPUTS,
+    BaseModelKwargs,
     SwapformerPreTrainedModel,
-    cache_argument,
-    check_label_ids,
+    check_base_inputs,
     finish_output,
+    head_output,
     keep_positions,
-    token_cross_entropy,
-    use_cache_unless_checkpointing,
+    takes_base_inputs,
 )
-from .packing import PackedSequences, find_packed_sequences, packing_kwargs
-from .stack import StackMixin
+from .packing import find_packed_sequences
+from .seq2seq_stack import Seq2SeqStack, keep_all_encoder_keys
 
 
 def shift_tokens_right(
@@ -41,90 +40,6 @@ def shift_tokens_right(
     shifted = labels.new_full(labels.shape, decoder_start_token_id)
     shifted[:, 1:] = labels[:, :-1]
     return shifted.masked_fill(shifted == -100, pad_token_id)
-
-
-def keep_all_encoder_keys(cache: EncoderDecoderCache) -> None:
-    """Cross-attention reads every encoder key at every step. transformers builds the cross-attention
-    cache from the decoder's layer types, so a sliding decoder layer would get a windowed cache that
-    drops encoder keys; such layers are replaced by plain ones before anything is stored."""
-    layers = cache.cross_attention_cache.layers
-    for i, layer in enumerate(layers):
-        if getattr(layer, "is_sliding", False) and not cache.is_updated.get(i):
-            layers[i] = DynamicLayer()
-
-
-class Seq2SeqStack(StackMixin, nn.Module):
-    """One half of the encoder-decoder. The encoder half is what `get_encoder()` returns."""
-
-    main_input_name = "input_ids"
-
-    def __init__(self, config: Seq2SeqConfig, *, decoder: bool, embed_tokens: nn.Embedding | None):
-        super().__init__()
-        self.config = config
-        self.is_decoder = decoder
-        self.init_stack(
-            config,
-            num_layers=config.decoder_layers if decoder else config.num_hidden_layers,
-            causal=decoder,
-            cross_attention=decoder,
-            layer_types=config.decoder_layer_types if decoder else config.layer_types,
-            embed_tokens=embed_tokens,
-        )
-
-    @cache_argument
-    def forward(
-        self,
-        input_ids: torch.Tensor | None = None,
-        attention_mask: torch.Tensor | None = None,
-        position_ids: torch.Tensor | None = None,
-        inputs_embeds: torch.Tensor | None = None,
-        encoder_hidden_states: torch.Tensor | None = None,
-        encoder_attention_mask: torch.Tensor | None = None,
-        cache: Cache | None = None,
-        output_attentions: bool | None = None,
-        output_hidden_states: bool | None = None,
-        return_dict: bool | None = None,
-        global_attention_mask: torch.Tensor | None = None,
-        cu_seq_lens_q: torch.Tensor | None = None,
-        cu_seq_lens_k: torch.Tensor | None = None,
-        max_length_q: int | None = None,
-        max_length_k: int | None = None,
-        seq_idx: torch.Tensor | None = None,
-        encoder_packing: PackedSequences | None = None,
-    ):
-        """The collator's packing arguments (cu_seq_lens_q, ..., seq_idx) describe this half's input;
-        `encoder_packing` (decoder half) pairs each packed decoder sequence with its encoder sequence."""
-        cfg = self.config
-        if self.is_decoder and encoder_hidden_states is None:
-            raise ValueError("The decoder needs encoder_hidden_states (the encoder's last hidden state)")
-        h, hidden, attns, cross = self.forward_stack(
-            input_ids=input_ids,
-            inputs_embeds=inputs_embeds,
-            attention_mask=attention_mask,
-            position_ids=position_ids,
-            cache=cache,
-            encoder_hidden_states=encoder_hidden_states,
-            encoder_attention_mask=encoder_attention_mask,
-            global_attention_mask=global_attention_mask,
-            output_attentions=cfg.output_attentions if output_attentions is None else output_attentions,
-            output_hidden_states=cfg.output_hidden_states
-            if output_hidden_states is None
-            else output_hidden_states,
-            input_prefix="decoder_" if self.is_decoder else "",
-            encoder_packing=encoder_packing,
-            packing_inputs=packing_kwargs(cu_seq_lens_q, cu_seq_lens_k, max_length_q, max_length_k, seq_idx),
-        )
-        if self.is_decoder:
-            out = BaseModelOutputWithPastAndCrossAttentions(
-                last_hidden_state=h,
-                cache=cache,
-                hidden_states=hidden,
-                attentions=attns,
-                cross_attentions=cross,
-            )
-        else:
-            out = BaseModelOutput(last_hidden_state=h, hidden_states=hidden, attentions=attns)
-        return finish_output(cfg, out, return_dict)
 
 
 class Seq2SeqPreTrainedModel(SwapformerPreTrainedModel):
@@ -184,7 +99,36 @@ class Seq2SeqModel(Seq2SeqPreTrainedModel):
     def get_encoder(self, modality: str | None = None):
         return self.encoder
 
+    def run_encoder(self, input_ids, attention_mask, position_ids, inputs_embeds, encoder_outputs, kwargs):
+        """The encoder's output (computed, or `encoder_outputs` as given) and its packed sequences,
+        found again from the inputs when the output was given, for cross-attention."""
+        if encoder_outputs is None:
+            encoder_outputs = self.encoder(
+                input_ids, attention_mask, position_ids, inputs_embeds, return_dict=True, **kwargs
+            )
+        elif not isinstance(encoder_outputs, BaseModelOutput):
+            encoder_outputs = BaseModelOutput(*encoder_outputs)
+        encoder_h = encoder_outputs.last_hidden_state
+        encoder_packing = find_packed_sequences(
+            batch=encoder_h.shape[0],
+            length=encoder_h.shape[1],
+            device=encoder_h.device,
+            key_valid=attention_mask,
+            position_ids=position_ids,
+            **{name: kwargs.get(name) for name in PACKING_INPUTS},
+        )
+        return encoder_outputs, encoder_packing
+
+    def decoder_cache(self, cache: Cache | None, use_cache: bool | None) -> Cache | None:
+        """The caller's cache, always read and updated, or a new one on request (`use_cache`)."""
+        if use_cache_unless_checkpointing(self, use_cache) and cache is None:
+            cache = EncoderDecoderCache(DynamicCache(config=self.config), DynamicCache(config=self.config))
+        if isinstance(cache, EncoderDecoderCache):
+            keep_all_encoder_keys(cache)
+        return cache
+
     @cache_argument
+    @takes_base_inputs
     def forward(
         self,
         input_ids: torch.Tensor | None = None,
@@ -197,64 +141,32 @@ class Seq2SeqModel(Seq2SeqPreTrainedModel):
         inputs_embeds: torch.Tensor | None = None,
         decoder_inputs_embeds: torch.Tensor | None = None,
         use_cache: bool | None = None,
-        output_attentions: bool | None = None,
-        output_hidden_states: bool | None = None,
+        *,
         return_dict: bool | None = None,
-        global_attention_mask: torch.Tensor | None = None,
         position_ids: torch.Tensor | None = None,
-        cu_seq_lens_q: torch.Tensor | None = None,
-        cu_seq_lens_k: torch.Tensor | None = None,
-        max_length_q: int | None = None,
-        max_length_k: int | None = None,
-        seq_idx: torch.Tensor | None = None,
+        **kwargs: Unpack[BaseModelKwargs],
     ) -> Seq2SeqModelOutput | tuple:
         """
         Args:
             attention_mask: (B, S_enc) padding mask of the encoder input (also masks cross-attention).
             decoder_attention_mask: (B, P + T) padding mask of the decoder input.
             encoder_outputs: a previous encoder output, reused instead of running the encoder.
-            global_attention_mask: (B, S_enc) global tokens of the encoder input.
-            cache: an `EncoderDecoderCache` (self-attention and cross-attention keys/values);
-                `past_key_values=` and `cache_params=` are its deprecated names.
+            cache: an `EncoderDecoderCache` (`past_key_values=` and `cache_params=`: deprecated names).
             position_ids: (B, S_enc) positions of the encoder input; restarting ones mark packed
-                sequences, as do cu_seq_lens_q, cu_seq_lens_k, max_length_q, max_length_k and seq_idx
-                (what `DataCollatorWithFlattening` gives for `input_ids`). Packed decoder inputs
-                (restarting `decoder_position_ids`) pair their n-th sequence with the n-th encoder one.
+                sequences. Packed decoder inputs (restarting `decoder_position_ids`) pair their n-th
+                sequence with the n-th encoder one.
+            kwargs: `BaseModelKwargs`: the output flags (both halves); global tokens and packed
+                sequences of the encoder input.
         """
-        cfg = self.config
-        packing = packing_kwargs(cu_seq_lens_q, cu_seq_lens_k, max_length_q, max_length_k, seq_idx)
-        if encoder_outputs is None:
-            encoder_outputs = self.encoder(
-                input_ids=input_ids,
-                attention_mask=attention_mask,
-                position_ids=position_ids,
-                inputs_embeds=inputs_embeds,
-                output_attentions=output_attentions,
-                output_hidden_states=output_hidden_states,
-                global_attention_mask=global_attention_mask,
-                return_dict=True,
-                **packing,
-            )
-        elif not isinstance(encoder_outputs, BaseModelOutput):
-            encoder_outputs = BaseModelOutput(*encoder_outputs)
-        encoder_h = encoder_outputs.last_hidden_state
-        # the encoder's packed sequences again (also when encoder_outputs was given), for cross-attention
-        encoder_packing = find_packed_sequences(
-            batch=encoder_h.shape[0],
-            length=encoder_h.shape[1],
-            device=encoder_h.device,
-            key_valid=attention_mask,
-            position_ids=position_ids,
-            **packing,
+        check_base_inputs(self, kwargs)
+        encoder_outputs, encoder_packing = self.run_encoder(
+            input_ids, attention_mask, position_ids, inputs_embeds, encoder_outputs, kwargs
         )
         if decoder_input_ids is None and decoder_inputs_embeds is None:
             raise ValueError(
                 "Pass decoder_input_ids or decoder_inputs_embeds (or labels to the LM, which makes them)"
             )
-        if use_cache_unless_checkpointing(self, use_cache) and cache is None:
-            cache = EncoderDecoderCache(DynamicCache(config=cfg), DynamicCache(config=cfg))
-        if isinstance(cache, EncoderDecoderCache):
-            keep_all_encoder_keys(cache)
+        cache = self.decoder_cache(cache, use_cache)
         dec = self.decoder(
             input_ids=decoder_input_ids,
             attention_mask=decoder_attention_mask,
@@ -264,9 +176,9 @@ class Seq2SeqModel(Seq2SeqPreTrainedModel):
             encoder_attention_mask=attention_mask,
             encoder_packing=encoder_packing,
             cache=cache,
-            output_attentions=output_attentions,
-            output_hidden_states=output_hidden_states,
             return_dict=True,
+            output_attentions=kwargs.get("output_attentions"),
+            output_hidden_states=kwargs.get("output_hidden_states"),
         )
         out = Seq2SeqModelOutput(
             last_hidden_state=dec.last_hidden_state,
@@ -278,7 +190,7 @@ class Seq2SeqModel(Seq2SeqPreTrainedModel):
             encoder_hidden_states=encoder_outputs.hidden_states,
             encoder_attentions=encoder_outputs.attentions,
         )
-        return finish_output(cfg, out, return_dict)
+        return finish_output(self.config, out, return_dict)
 
 
 class Seq2SeqForConditionalGeneration(Seq2SeqPreTrainedModel, SwapformerGenerationMixin):
@@ -309,7 +221,17 @@ class Seq2SeqForConditionalGeneration(Seq2SeqPreTrainedModel, SwapformerGenerati
     def prepare_decoder_input_ids_from_labels(self, labels: torch.Tensor) -> torch.Tensor:
         return shift_tokens_right(labels, self.config.pad_token_id, self.config.decoder_start_token_id)
 
+    def output_logits(self, h: torch.Tensor, logits_to_keep: int | torch.Tensor) -> torch.Tensor:
+        """The LM head on the kept positions of the decoder's output (B, T, E)."""
+        if self.config.scale_decoder_outputs:
+            h = h * self.config.hidden_size**-0.5  # T5 v1.0: the tied embedding read as output projection
+        logits = self.lm_head(keep_positions(h, logits_to_keep))
+        if self.final_logits_bias is not None:
+            logits = logits + self.final_logits_bias.to(logits.device)
+        return logits
+
     @cache_argument
+    @takes_base_inputs
     def forward(
         self,
         input_ids: torch.Tensor | None = None,
@@ -323,24 +245,19 @@ class Seq2SeqForConditionalGeneration(Seq2SeqPreTrainedModel, SwapformerGenerati
         decoder_inputs_embeds: torch.Tensor | None = None,
         labels: torch.Tensor | None = None,
         use_cache: bool | None = None,
-        output_attentions: bool | None = None,
-        output_hidden_states: bool | None = None,
-        return_dict: bool | None = None,
+        *,
         logits_to_keep: int | torch.Tensor = 0,
+        return_dict: bool | None = None,
         num_items_in_batch: int | torch.Tensor | None = None,
-        global_attention_mask: torch.Tensor | None = None,
         position_ids: torch.Tensor | None = None,
-        cu_seq_lens_q: torch.Tensor | None = None,
-        cu_seq_lens_k: torch.Tensor | None = None,
-        max_length_q: int | None = None,
-        max_length_k: int | None = None,
-        seq_idx: torch.Tensor | None = None,
+        **kwargs: Unpack[BaseModelKwargs],
     ) -> Seq2SeqLMOutput | tuple:
         """
         Args:
             labels: (B, T) target ids, -100 where no loss is taken. When decoder inputs are not
                 given they are made by shifting the labels right once; the loss compares the logits
                 with the labels as they are (no second shift).
+            kwargs: `BaseModelKwargs`, passed to `Seq2SeqModel`.
         """
         if labels is not None and decoder_input_ids is None and decoder_inputs_embeds is None:
             check_label_ids(labels, self.config.vocab_size)  # before they become decoder_input_ids
@@ -356,34 +273,15 @@ class Seq2SeqForConditionalGeneration(Seq2SeqPreTrainedModel, SwapformerGenerati
             inputs_embeds=inputs_embeds,
             decoder_inputs_embeds=decoder_inputs_embeds,
             use_cache=use_cache,
-            output_attentions=output_attentions,
-            output_hidden_states=output_hidden_states,
-            global_attention_mask=global_attention_mask,
-            return_dict=True,
             position_ids=position_ids,
-            **packing_kwargs(cu_seq_lens_q, cu_seq_lens_k, max_length_q, max_length_k, seq_idx),
+            return_dict=True,
+            **kwargs,
         )
-        h = out.last_hidden_state
-        if self.config.scale_decoder_outputs:
-            h = h * self.config.hidden_size**-0.5  # T5 v1.0: the tied embedding read as output projection
-        logits = self.lm_head(keep_positions(h, logits_to_keep))
-        if self.final_logits_bias is not None:
-            logits = logits + self.final_logits_bias.to(logits.device)
+        logits = self.output_logits(out.last_hidden_state, logits_to_keep)
         loss = None
         if labels is not None:
             loss = token_cross_entropy(logits, labels, shift=False, num_items_in_batch=num_items_in_batch)
-        result = Seq2SeqLMOutput(
-            loss=loss,
-            logits=logits,
-            cache=out.cache,
-            decoder_hidden_states=out.decoder_hidden_states,
-            decoder_attentions=out.decoder_attentions,
-            cross_attentions=out.cross_attentions,
-            encoder_last_hidden_state=out.encoder_last_hidden_state,
-            encoder_hidden_states=out.encoder_hidden_states,
-            encoder_attentions=out.encoder_attentions,
-        )
-        return finish_output(self.config, result, return_dict)
+        return head_output(self, Seq2SeqLMOutput, out, return_dict, loss=loss, logits=logits)
 
 
 AUTO_CLASSES = {

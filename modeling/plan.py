@@ -16,12 +16,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
-from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 from ..configuration.backends import LAYER_TYPE_PATTERN, check_batch_feature
 from ..configuration.configuration_swapformer import GLOBAL_KINDS
 from .attention import check_backend_for_batch, eager_attention_forward, lower_mask
 from .cache import CacheView, KeyGeometry
+from .hf_compat import ALL_ATTENTION_FUNCTIONS
 from .masks import AttentionPattern, KernelMask, random_layouts
 from .packing import PackedSequences, check_cross_packing
 from .positions import Positions, new_columns, rope_cos_sin

@@ -1,9 +1,9 @@
 """Mutation check of the attention-pattern tests: does each rule have a test that fails without it?
 
 Each mutant removes or alters one rule of the pattern predicate (modeling/masks.py
-`AttentionPattern.allowed` and the BigBird draw), of the sparse backend where it handles a rule itself
-(the dense pass of global query rows, the global-key and random-key segments, counting each key once,
-the band), or of the pattern's construction (modeling/plan.py: global tokens; modeling/cache.py: the caches). For every
+`AttentionPattern.allowed` and the BigBird draw; modeling/lowering.py for flash), of the sparse
+backend where it handles a rule itself (sparse_layout.py, sparse.py: the dense pass of global query
+rows, the global-key and random-key segments, counting each key once, the band), or of the pattern's construction (modeling/plan.py: global tokens; modeling/cache.py: the caches). For every
 mutant the fast tests run in a temporary copy of the repository, so nothing is ever edited in place
 (an interrupted run leaves the working tree untouched), and a table says which test caught it.
 
@@ -174,22 +174,22 @@ MUTANTS = [
     Mutant(
         "padding (flash)",
         "no padding mask for flash_attention_2",
-        "modeling/masks.py",
+        "modeling/lowering.py",
         "    if pattern.key_valid is None:\n        return None\n    return pattern.key_valid.long()",
         "    return None",
     ),
     Mutant(
         "packing boundary (flash)",
         "no varlen boundaries for flash_attention_2",
-        "modeling/masks.py",
+        "modeling/lowering.py",
         "        return KernelMask(None, varlen)",
         "        return None",
     ),
-    # sparse.py: rules the sparse backend handles itself
+    # sparse_layout.py / sparse.py: rules the sparse backend handles itself
     Mutant(
         "global query (sparse)",
         "no dense pass for global query rows",
-        "modeling/sparse.py",
+        "modeling/sparse_layout.py",
         "if pattern.global_queries is not None and bool(pattern.global_queries.any()):",
         "if False:",
     ),
@@ -203,42 +203,42 @@ MUTANTS = [
     Mutant(
         "global key (sparse)",
         "no global-key segment",
-        "modeling/sparse.py",
+        "modeling/sparse_layout.py",
         "    if pattern.global_keys is not None:\n        order, present",
         "    if False:\n        order, present",
     ),
     Mutant(
         "random blocks (sparse)",
         "no random-key segment",
-        "modeling/sparse.py",
+        "modeling/sparse_layout.py",
         "    if pattern.random_table is None:\n        return None, None\n    keys, counted",
         "    if True:\n        return None, None\n    keys, counted",
     ),
     Mutant(
         "random blocks (sparse)",
         "random keys gathered from index 0, not from the row's first real token",
-        "modeling/sparse.py",
+        "modeling/sparse_layout.py",
         "keys = pick(start)[..., None, None] + chosen",
         "keys = 0 * pick(start)[..., None, None] + chosen",
     ),
     Mutant(
         "count once (sparse)",
         "a global/random key inside the band counted twice",
-        "modeling/sparse.py",
+        "modeling/sparse_layout.py",
         "    counted = counted & ~in_band[:, :, None, :]\n",
         "",
     ),
     Mutant(
         "count once (sparse)",
         "a random key that is global counted twice",
-        "modeling/sparse.py",
+        "modeling/sparse_layout.py",
         "        counted = counted & ~is_global[:, :, None, :]\n",
         "",
     ),
     Mutant(
         "window edge (sparse band)",
         "band one key short on the left",
-        "modeling/sparse.py",
+        "modeling/sparse_layout.py",
         "left, right = pattern.window - 1, (0 if",
         "left, right = pattern.window - 2, (0 if",
     ),

@@ -156,8 +156,3 @@ class TestBackendChoiceErrors:
         ).save_pretrained(tmp_path)
         with pytest.raises(ValueError, match="'flex_attention' does not support position_bias.*'sparse'"):
             AutoModelForCausalLM.from_pretrained(tmp_path, attn_implementation="flex_attention")
-
-    def test_capability_table_lists_every_backend(self):
-        table = swapformer.capability_table_markdown()
-        for name in swapformer.BACKENDS:
-            assert f"`{name}`" in table

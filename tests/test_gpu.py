@@ -91,7 +91,8 @@ def test_speed_print():
     """Not an assertion: prints the 8k-token layer times on this GPU for the README."""
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-    from swapformer.modeling.masks import AttentionPattern, lower
+    from swapformer.modeling.lowering import lower
+    from swapformer.modeling.masks import AttentionPattern
     from swapformer.modeling.sparse import sparse_attention_forward
 
     n, heads, dim = 8192, 12, 64

@@ -25,21 +25,26 @@ import swapformer
 
 from conftest import LM_CLASSES, VOCAB, build, max_diff, padded_batch, tiny_config
 
-CACHED_CLASSES = {
-    "DecoderModel": ("decoder", swapformer.DecoderModel),
-    "DecoderForCausalLM": ("decoder", swapformer.DecoderForCausalLM),
-    "DecoderForSequenceClassification": ("decoder", swapformer.DecoderForSequenceClassification),
-    "Seq2SeqModel": ("seq2seq", swapformer.Seq2SeqModel),
-    "Seq2SeqForConditionalGeneration": ("seq2seq", swapformer.Seq2SeqForConditionalGeneration),
+CACHED_CLASSES = {  # {class name: (arch, class)} for the models that take a cache
+    cls.__name__: (arch, cls)
+    for arch, classes in {
+        "decoder": (
+            swapformer.DecoderModel,
+            swapformer.DecoderForCausalLM,
+            swapformer.DecoderForSequenceClassification,
+        ),
+        "seq2seq": (swapformer.Seq2SeqModel, swapformer.Seq2SeqForConditionalGeneration),
+    }.items()
+    for cls in classes
 }
-ALL_CLASSES = {
-    "EncoderModel": ("encoder", swapformer.EncoderModel),
-    "EncoderForMaskedLM": ("encoder", swapformer.EncoderForMaskedLM),
-    "EncoderForSequenceClassification": ("encoder", swapformer.EncoderForSequenceClassification),
-    "EncoderForTokenClassification": ("encoder", swapformer.EncoderForTokenClassification),
-    "EncoderForQuestionAnswering": ("encoder", swapformer.EncoderForQuestionAnswering),
-    **CACHED_CLASSES,
-}
+ENCODER_CLASSES = (
+    swapformer.EncoderModel,
+    swapformer.EncoderForMaskedLM,
+    swapformer.EncoderForSequenceClassification,
+    swapformer.EncoderForTokenClassification,
+    swapformer.EncoderForQuestionAnswering,
+)
+ALL_CLASSES = {**{cls.__name__: ("encoder", cls) for cls in ENCODER_CLASSES}, **CACHED_CLASSES}
 
 
 def lm_batch(arch, batch=3):
@@ -52,15 +57,12 @@ def lm_batch(arch, batch=3):
 
 
 def tiny_llama():
+    """transformers' Llama at the size of conftest's tiny decoder, with 2 key/value heads."""
     torch.manual_seed(0)
+    ours = tiny_config("decoder")
+    sizes = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads")
     config = LlamaConfig(
-        vocab_size=VOCAB,
-        hidden_size=32,
-        intermediate_size=48,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        pad_token_id=0,
+        **{name: getattr(ours, name) for name in sizes}, num_key_value_heads=2, pad_token_id=0
     )
     return LlamaForCausalLM(config).eval()
 
@@ -267,6 +269,64 @@ def test_every_missing_weight_is_materialised_initialised_and_reported(name, ove
         assert all(torch.isfinite(v).all() for v in out.values() if torch.is_tensor(v)), label
 
 
+# Base-model inputs through the heads' **kwargs (issue 12, item 5) -------------------------------
+
+
+@pytest.mark.parametrize("name", sorted(ALL_CLASSES))
+def test_misspelt_keyword_is_a_type_error_and_base_inputs_reach_the_base_model(name):
+    """A head passes its base model's inputs on as **kwargs. A misspelt keyword still fails (a
+    TypeError naming it; transformers' own heads would ignore it), with the encoder output given too
+    (when the encoder does not run); the inputs that pass through arrive (hidden states, packing)."""
+    arch, model_class = ALL_CLASSES[name]
+    model = build(model_class, tiny_config(arch))
+    ids, mask = padded_batch()
+    inputs = dict(input_ids=ids, attention_mask=mask)
+    if arch == "seq2seq":
+        inputs["decoder_input_ids"] = ids[:, :4]
+    with torch.no_grad(), pytest.raises(TypeError, match="output_hiden_states"):
+        model(**inputs, output_hiden_states=True)
+    if arch == "seq2seq":
+        encoder_outputs = model.get_encoder()(ids, attention_mask=mask)
+        with torch.no_grad(), pytest.raises(TypeError, match="seq_ids"):
+            model(**inputs, encoder_outputs=encoder_outputs, seq_ids=None)
+    with torch.no_grad():
+        out = model(**inputs, output_hidden_states=True)
+    hidden = out.encoder_hidden_states if arch == "seq2seq" else out.hidden_states
+    assert len(hidden) == 3
+    if arch == "seq2seq":
+        return
+    with torch.no_grad():  # one packed row of two sequences (4 + 5 tokens), marked in two ways
+        by_positions = model(input_ids=ids[:1], position_ids=torch.tensor([[0, 1, 2, 3, 0, 1, 2, 3, 4]]))
+        bounds = torch.tensor([0, 4, 9])
+        by_bounds = model(input_ids=ids[:1], cu_seq_lens_q=bounds, cu_seq_lens_k=bounds)
+        whole = model(input_ids=ids[:1])
+    first = (lambda o: o[0]) if name != "EncoderForQuestionAnswering" else (lambda o: o.start_logits)
+    assert max_diff(first(by_positions), first(by_bounds)) <= 1e-5
+    assert max_diff(first(by_bounds), first(whole)) > 1e-3
+
+
+def test_heads_show_the_base_inputs_to_trainer_and_generate():
+    """Trainer keeps only dataset columns named in forward's signature, and generate() refuses keywords
+    it does not name: every head lists the `BaseModelKwargs` names (global_attention_mask, the
+    packing inputs) and its own; the classification heads refuse Trainer's token count."""
+    import inspect
+
+    from swapformer.modeling.modeling_base import BaseModelKwargs
+
+    for name, (_, model_class) in ALL_CLASSES.items():
+        params = inspect.signature(model_class.forward).parameters
+        names = set(params)
+        assert BaseModelKwargs.__optional_keys__ <= names, name
+        assert all(params[k].default is None for k in BaseModelKwargs.__optional_keys__), name
+        assert {"input_ids", "attention_mask", "return_dict"} <= names, name
+    for model_class in (
+        swapformer.EncoderForSequenceClassification,
+        swapformer.EncoderForQuestionAnswering,
+        swapformer.DecoderForSequenceClassification,
+    ):
+        assert model_class.accepts_loss_kwargs is False
+
+
 # Loss keyword arguments (item 9) -----------------------------------------------------------------
 
 
@@ -290,6 +350,34 @@ def test_shift_labels_as_transformers_causal_lm_loss():
     torch.testing.assert_close(counted.loss, summed, rtol=0, atol=1e-6)
     with pytest.raises(ValueError, match="shift_labels"):
         model(**batch, shift_labels=shift[:, :-1])
+
+
+def test_causal_lm_loss_shifts_labels_not_logits():
+    """The loss of a training step equals transformers' `ForCausalLMLoss` bit for bit (also its
+    gradient), and neither its forward nor its backward copies the (B, T, V) logits: transformers
+    shifts the labels, and a slice of the logits costs a copy and a zero-filled slice backward, about
+    a tenth of a small model's training step."""
+    from torch.profiler import profile
+    from transformers.loss.loss_utils import ForCausalLMLoss
+
+    model = build(swapformer.DecoderForCausalLM, tiny_config("decoder"))
+    batch = lm_batch("decoder")
+    labels = batch.pop("labels")
+    with profile(record_shapes=True) as prof:
+        model(**batch, labels=labels).loss.backward()
+    out = model(**batch, labels=labels)
+    ours = torch.autograd.grad(out.loss, out.logits)[0]
+    logits = out.logits.detach().requires_grad_()
+    reference = ForCausalLMLoss(logits, labels, VOCAB)
+    reference.backward()
+    assert torch.equal(out.loss, reference) and torch.equal(ours, logits.grad)
+    copies = {"aten::copy_", "aten::clone", "aten::slice_backward", "aten::contiguous", "aten::index"}
+    logits_shaped = [
+        (e.name, e.input_shapes)
+        for e in prof.events()
+        if e.name in copies and any(list(s[-1:]) == [VOCAB] and len(s) == 3 for s in e.input_shapes if s)
+    ]
+    assert not logits_shaped, logits_shaped
 
 
 # Cache argument names (item 10) ------------------------------------------------------------------

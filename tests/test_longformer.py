@@ -98,7 +98,7 @@ def test_seq2seq_encoder_takes_global_projections():
 def test_the_sparse_backend_skips_the_rows_it_would_throw_away(monkeypatch):
     """With global projections the sparse backend gets a layout without its dense global-row pass (those
     rows are replaced); without them it has one."""
-    from swapformer.modeling import masks as masks_module
+    from swapformer.modeling import lowering as masks_module
 
     layouts = []
     lower_sparse = masks_module.LOWERINGS["sparse"]

@@ -17,7 +17,7 @@ from transformers import (
 )
 
 import swapformer
-from swapformer.modeling.modeling_base import token_cross_entropy
+from swapformer.modeling.losses import token_cross_entropy
 
 from conftest import ARCHS, BASE_CLASSES, LM_CLASSES, build, max_diff, padded_batch, tiny_config
 
@@ -262,10 +262,16 @@ class TestLosses:
         ("single_label_classification", torch.tensor([0, 2, 1])),
         ("regression", torch.tensor([0.5, -1.0, 2.0])),
         ("multi_label_classification", torch.tensor([[1.0, 0, 1], [0, 0, 1], [1, 1, 0]])),
+        (None, torch.tensor([0, 2, 1])),  # the problem inferred from the labels, as transformers does
+        (None, torch.tensor([[1.0, 0, 1], [0, 0, 1], [1, 1, 0]])),
     ],
 )
 @pytest.mark.parametrize("arch", ["encoder", "decoder"])
-def test_sequence_classification_losses(arch, problem, labels):
+def test_sequence_classification_losses_equal_transformers(arch, problem, labels):
+    """Replaces a test that only checked the loss was a finite scalar: the loss of the pooled logits
+    equals transformers' `ForSequenceClassificationLoss` on the same logits, for every problem type."""
+    from transformers.loss.loss_utils import ForSequenceClassificationLoss
+
     num_labels = 1 if problem == "regression" else 3
     config = tiny_config(arch, num_labels=num_labels, problem_type=problem)
     model_class = (
@@ -276,7 +282,9 @@ def test_sequence_classification_losses(arch, problem, labels):
     model = build(model_class, config)
     ids, mask = padded_batch(padding="left" if arch == "decoder" else "right")
     out = model(ids, attention_mask=mask, labels=labels)
-    assert out.logits.shape == (3, num_labels) and out.loss.ndim == 0 and torch.isfinite(out.loss)
+    assert out.logits.shape == (3, num_labels)
+    reference = ForSequenceClassificationLoss(labels, out.logits, copy.deepcopy(model.config))
+    torch.testing.assert_close(out.loss, reference, rtol=0, atol=1e-6)
 
 
 def test_decoder_classification_reads_the_last_real_token():
@@ -291,20 +299,26 @@ def test_decoder_classification_reads_the_last_real_token():
     assert max_diff(ref, left) <= 1e-5 and max_diff(ref, right) <= 1e-5
 
 
-def test_question_answering_and_token_classification_heads():
+def test_question_answering_and_token_classification_losses_equal_transformers():
+    """Replaces a test that only checked shapes and a finite loss: the span loss (positions past the
+    end ignored) and the token-classification loss (mean, and summed over `num_items_in_batch`) equal
+    transformers' `ForQuestionAnsweringLoss` / `ForTokenClassification` on the same logits."""
+    from transformers.loss.loss_utils import ForQuestionAnsweringLoss, ForTokenClassification
+
     ids, mask = padded_batch()
     qa = build(swapformer.EncoderForQuestionAnswering, tiny_config("encoder"))
-    out = qa(
-        ids,
-        attention_mask=mask,
-        start_positions=torch.tensor([1, 2, 50]),
-        end_positions=torch.tensor([3, 4, 50]),
-    )
-    assert out.start_logits.shape == (3, 9) and torch.isfinite(out.loss)
+    start, end = torch.tensor([1, 2, 50]), torch.tensor([3, 4, 50])
+    out = qa(ids, attention_mask=mask, start_positions=start, end_positions=end)
+    assert out.start_logits.shape == (3, 9)
+    reference = ForQuestionAnsweringLoss(out.start_logits, out.end_logits, start, end)
+    torch.testing.assert_close(out.loss, reference, rtol=0, atol=1e-6)
     tok = build(swapformer.EncoderForTokenClassification, tiny_config("encoder", num_labels=5))
     labels = torch.randint(0, 5, ids.shape).masked_fill(mask == 0, -100)
-    out = tok(ids, attention_mask=mask, labels=labels)
-    assert out.logits.shape == (3, 9, 5) and torch.isfinite(out.loss)
+    for count in (None, torch.tensor(11)):
+        out = tok(ids, attention_mask=mask, labels=labels, num_items_in_batch=count)
+        assert out.logits.shape == (3, 9, 5)
+        reference = ForTokenClassification(out.logits, labels, tok.config, num_items_in_batch=count)
+        torch.testing.assert_close(out.loss, reference, rtol=0, atol=1e-6)
 
 
 def test_xavier_initializer_is_used():

@@ -14,7 +14,7 @@ import torch
 from transformers import AutoModel
 
 import swapformer
-from swapformer.modeling import masks as masks_module
+from swapformer.modeling import lowering as masks_module
 from swapformer.modeling.attention import attention_weights
 from swapformer.modeling.masks import random_block_table
 
@@ -482,7 +482,7 @@ def test_sparse_global_segment_merged_by_logsumexp(causal, padding, kv_heads, mo
     band, outputs (with and without gradients, chunked or not) and gradients, in fp64. Rows without
     any key (causal, left padding) come out 0 on both sparse paths."""
     from swapformer.modeling import sparse
-    from swapformer.modeling.masks import lower
+    from swapformer.modeling.lowering import lower
 
     pattern = _layer_pattern(causal, padding, [1, 3])
     layout = lower(pattern, "sparse", torch.float64)
@@ -543,7 +543,7 @@ def test_sparse_band_mask_template_equals_the_predicate(case, monkeypatch):
     """Blocks where only the window decides share one template band mask; the layout (mask, rows
     without keys) equals evaluating the predicate on every block: padding, global keys and queries,
     cached chunks, window caches that dropped keys, empty static-cache slots, position bias."""
-    from swapformer.modeling import sparse
+    from swapformer.modeling import sparse_layout as sparse
 
     options = dict(causal=False, padding="none", globals_per_row=[1, 3]) | case
     pattern = _layer_pattern(**options)

@@ -1,0 +1,92 @@
+"""The two halves of the encoder-decoder (modeling_seq2seq.py), and the cross-attention cache rule."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from transformers.cache_utils import Cache, DynamicLayer, EncoderDecoderCache
+from transformers.modeling_outputs import BaseModelOutput, BaseModelOutputWithPastAndCrossAttentions
+from typing_extensions import Unpack
+
+from ..configuration.configuration_swapformer import Seq2SeqConfig
+from .cache_argument import cache_argument
+from .modeling_base import BaseModelKwargs, finish_output, stack_inputs, takes_base_inputs
+from .packing import PackedSequences
+from .stack import StackMixin
+
+
+def keep_all_encoder_keys(cache: EncoderDecoderCache) -> None:
+    """Cross-attention reads every encoder key at every step. transformers builds the cross-attention
+    cache from the decoder's layer types, so a sliding decoder layer would get a windowed cache that
+    drops encoder keys; such layers are replaced by plain ones before anything is stored."""
+    layers = cache.cross_attention_cache.layers
+    for i, layer in enumerate(layers):
+        if getattr(layer, "is_sliding", False) and not cache.is_updated.get(i):
+            layers[i] = DynamicLayer()
+
+
+class Seq2SeqStack(StackMixin, nn.Module):
+    """One half of the encoder-decoder. The encoder half is what `get_encoder()` returns."""
+
+    main_input_name = "input_ids"
+
+    def __init__(self, config: Seq2SeqConfig, *, decoder: bool, embed_tokens: nn.Embedding | None):
+        super().__init__()
+        self.config = config
+        self.is_decoder = decoder
+        self.init_stack(
+            config,
+            num_layers=config.decoder_layers if decoder else config.num_hidden_layers,
+            causal=decoder,
+            cross_attention=decoder,
+            layer_types=config.decoder_layer_types if decoder else config.layer_types,
+            embed_tokens=embed_tokens,
+        )
+
+    @cache_argument
+    @takes_base_inputs
+    def forward(
+        self,
+        input_ids: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        position_ids: torch.Tensor | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        encoder_hidden_states: torch.Tensor | None = None,
+        encoder_attention_mask: torch.Tensor | None = None,
+        cache: Cache | None = None,
+        return_dict: bool | None = None,
+        encoder_packing: PackedSequences | None = None,
+        **inputs: Unpack[BaseModelKwargs],
+    ):
+        """inputs: `BaseModelKwargs`; its packed sequences describe this half's input. Not named
+        `kwargs`: generate() hands an encoder whose forward has a parameter `kwargs` every model
+        keyword (labels too), and otherwise only those its signature names.
+        encoder_packing (decoder half): pairs each packed decoder sequence with its encoder sequence."""
+        if self.is_decoder and encoder_hidden_states is None:
+            raise ValueError("The decoder needs encoder_hidden_states (the encoder's last hidden state)")
+        h, hidden, attns, cross = self.forward_stack(
+            input_ids=input_ids,
+            inputs_embeds=inputs_embeds,
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+            cache=cache,
+            encoder_hidden_states=encoder_hidden_states,
+            encoder_attention_mask=encoder_attention_mask,
+            input_prefix="decoder_" if self.is_decoder else "",
+            encoder_packing=encoder_packing,
+            **stack_inputs(self, inputs),
+        )
+        if self.is_decoder:
+            out = BaseModelOutputWithPastAndCrossAttentions(
+                last_hidden_state=h,
+                cache=cache,
+                hidden_states=hidden,
+                attentions=attns,
+                cross_attentions=cross,
+            )
+        else:
+            out = BaseModelOutput(last_hidden_state=h, hidden_states=hidden, attentions=attns)
+        return finish_output(self.config, out, return_dict)
+
+
+__all__ = ["Seq2SeqStack", "keep_all_encoder_keys"]

@@ -1,0 +1,269 @@
+"""One contract test per touch point with transformers (modeling/hf_compat.py lists them).
+
+Each test checks that the name still exists and behaves as swapformer relies on, and fails with a
+message naming the touch point and what changed, so a transformers upgrade that breaks one says where.
+"""
+
+from __future__ import annotations
+
+import copy
+import inspect
+import json
+
+import pytest
+import torch
+import transformers
+from transformers import AttentionInterface, AttentionMaskInterface, PreTrainedConfig, PreTrainedModel
+
+import swapformer
+from swapformer.configuration.backends import PER_LAYER_BACKEND
+from swapformer.configuration.configuration_swapformer import ACTIVATIONS
+from swapformer.modeling import hf_compat
+from swapformer.modeling.attention import sdpa_fa_attention_forward
+from swapformer.modeling.sparse import sparse_attention_forward
+
+from conftest import build, padded_batch, tiny_config
+
+
+def contract(ok: bool, touch_point: str, change: str) -> None:
+    assert ok, f"transformers touch point {touch_point}: {change} (see modeling/hf_compat.py)"
+
+
+def parameters(fn) -> list[str]:
+    return list(inspect.signature(fn).parameters)
+
+
+# Registrations -------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "name, fn",
+    [
+        ("swapformer_sparse", sparse_attention_forward),
+        ("swapformer_sdpa_fa", sdpa_fa_attention_forward),
+        (PER_LAYER_BACKEND, hf_compat.per_layer_attention_forward),
+    ],
+)
+def test_attention_functions_are_registered_under_prefixed_names(name, fn):
+    contract(AttentionInterface().get(name) is fn, f"AttentionInterface[{name!r}]", "not registered")
+    contract(name in AttentionMaskInterface(), f"AttentionMaskInterface[{name!r}]", "not registered")
+
+
+def test_bare_user_facing_names_are_not_taken_in_transformers_registries():
+    for name in hf_compat.REGISTERED:
+        contract(
+            name not in AttentionInterface(), f"AttentionInterface[{name!r}]", "swapformer took a bare name"
+        )
+        contract(name not in AttentionMaskInterface(), f"AttentionMaskInterface[{name!r}]", "bare name taken")
+
+
+def test_registering_a_name_transformers_owns_is_refused():
+    before = AttentionInterface().get("sdpa")
+    registry = hf_compat._GlobalView(AttentionInterface)
+    with pytest.raises(
+        ValueError, match="cannot register .* as an attention function 'sdpa': transformers already"
+    ):
+        hf_compat.register(registry, "sdpa", sparse_attention_forward, "an attention function")
+    contract(
+        AttentionInterface().get("sdpa") is before, "AttentionInterface['sdpa']", "replaced by swapformer"
+    )
+
+
+def test_attention_interface_local_names_stay_local():
+    """`ALL_ATTENTION_FUNCTIONS` relies on an instance's item assignment shadowing the global registry
+    for that instance only, and on `get_interface(name, default)` reading both."""
+    contract(
+        parameters(AttentionInterface.get_interface)[1:] == ["attn_implementation", "default"],
+        "AttentionInterface.get_interface",
+        f"signature is now {inspect.signature(AttentionInterface.get_interface)}",
+    )
+    local = hf_compat.ALL_ATTENTION_FUNCTIONS
+    contract(
+        local.get_interface("sparse", None) is sparse_attention_forward, "local AttentionInterface", "lookup"
+    )
+    contract(
+        local.get_interface("sdpa", None) is AttentionInterface().get("sdpa"), "AttentionInterface", "globals"
+    )
+    with pytest.raises(KeyError):
+        AttentionInterface().get_interface("sparse", None)
+
+
+def test_swapformer_runs_its_own_functions_whoever_registered_last(monkeypatch):
+    """A remote-code copy of swapformer loaded in the same process registers the same prefixed names
+    again (same function of another copy: allowed); this copy's layers still look up its own."""
+    other = AttentionInterface()
+    for name in ("swapformer_sparse", PER_LAYER_BACKEND):
+        monkeypatch.setitem(AttentionInterface._global_mapping, name, lambda *a, **k: None)
+    local = hf_compat.ALL_ATTENTION_FUNCTIONS
+    contract(local.get_interface("sparse", None) is sparse_attention_forward, "local 'sparse'", "not ours")
+    contract(
+        local.get_interface(PER_LAYER_BACKEND, None) is hf_compat.per_layer_attention_forward,
+        f"local {PER_LAYER_BACKEND!r}",
+        "resolved through the global registry",
+    )
+    contract(other.get("swapformer_sparse") is not sparse_attention_forward, "monkeypatch", "had no effect")
+
+
+@pytest.mark.parametrize("attn", ["sparse", {"full_attention": "sdpa", "sliding_attention": "sparse"}])
+def test_user_facing_names_resolve_and_survive_save_and_load(attn, tmp_path):
+    config = tiny_config("decoder", layer_types=["sliding_attention", "full_attention"], sliding_window=3)
+    model = build(swapformer.DecoderForCausalLM, config, attn=attn)
+    ids, mask = padded_batch()
+    with torch.no_grad():
+        want = model(ids, attention_mask=mask).logits
+    contract(model.config.backend_for("sliding_attention") == "sparse", "attn_implementation", "name changed")
+    # transformers does not write the backend to config.json; one written there by hand (or by an older
+    # version) is read back as the user-facing name
+    config.save_pretrained(tmp_path)
+    saved = json.loads((tmp_path / "config.json").read_text()) | {"attn_implementation": "sparse"}
+    (tmp_path / "config.json").write_text(json.dumps(saved))
+    loaded_config = transformers.AutoConfig.from_pretrained(tmp_path)
+    contract(
+        loaded_config._attn_implementation == "sparse", "config.json attn_implementation", "not 'sparse'"
+    )
+    contract(
+        transformers.AutoModel.from_config(loaded_config).config._attn_implementation == "sparse",
+        "config.json attn_implementation='sparse'",
+        "a model built from it is not on 'sparse'",
+    )
+    model.save_pretrained(tmp_path / "model")
+    loaded = transformers.AutoModelForCausalLM.from_pretrained(
+        tmp_path / "model", attn_implementation=copy.copy(attn)
+    )
+    with torch.no_grad():
+        got = loaded.eval()(ids, attention_mask=mask).logits
+    contract(
+        torch.allclose(got, want, atol=1e-5), "from_pretrained(attn_implementation=...)", "outputs changed"
+    )
+
+
+def test_cache_layer_types_are_registered():
+    mappings = {
+        "dynamic": hf_compat.DYNAMIC_LAYER_TYPE_MAPPING,
+        "static": hf_compat.STATIC_LAYER_TYPE_MAPPING,
+    }
+    for kind, layer_type in [("dynamic", "bigbird_attention"), ("static", "bigbird_attention")] + [
+        ("static", "sliding_global_attention"),
+        ("dynamic", "sliding_global_attention"),
+    ]:
+        contract(
+            layer_type in mappings[kind], f"cache_utils.{kind.upper()}_LAYER_TYPE_MAPPING", f"no {layer_type}"
+        )
+    for layer_type in ("full_attention", "sliding_attention"):  # the keys swapformer's layer types extend
+        contract(
+            layer_type in mappings["dynamic"], "cache_utils.DYNAMIC_LAYER_TYPE_MAPPING", f"lost {layer_type}"
+        )
+
+
+def test_cache_layer_subclass_hook_registers_its_layer_type():
+    """GlobalWindowLayer (modeling/cache.py) registers itself through transformers' `_layer_type` hook."""
+    mapping = hf_compat.DYNAMIC_LAYER_TYPE_MAPPING
+    type("ContractProbeLayer", (transformers.DynamicLayer,), {"_layer_type": "swapformer_contract_probe"})
+    try:
+        contract(
+            "swapformer_contract_probe" in mapping, "cache_utils.CacheLayerMixin._layer_type", "hook gone"
+        )
+    finally:
+        mapping.pop("swapformer_contract_probe", None)
+
+
+# Private imports -----------------------------------------------------------------------------------
+
+
+def test_act2fn_has_every_activation_the_config_accepts():
+    missing = [name for name in ACTIVATIONS if name not in hf_compat.ACT2FN]
+    contract(not missing, "transformers.activations.ACT2FN", f"lost {missing}")
+    out = hf_compat.ACT2FN["gelu"](torch.tensor([1.0]))
+    contract(torch.allclose(out, torch.nn.functional.gelu(torch.tensor([1.0]))), "ACT2FN['gelu']", "not GELU")
+
+
+def test_initialization_functions():
+    for name in ("normal_", "zeros_", "ones_", "xavier_uniform_"):
+        contract(callable(getattr(hf_compat.init, name, None)), f"transformers.initialization.{name}", "gone")
+    w = torch.empty(3, 3)
+    hf_compat.init.zeros_(w)
+    contract(bool((w == 0).all()), "transformers.initialization.zeros_", "does not write the tensor")
+
+
+def test_sliding_window_cache_layer():
+    """The window-of-1 fix (modeling/cache.py: SlidingWindowLayer) subclasses it and reads these."""
+    layer_class = hf_compat.DynamicSlidingWindowLayer
+    contract(
+        issubclass(layer_class, transformers.DynamicLayer), "DynamicSlidingWindowLayer", "not a DynamicLayer"
+    )
+    layer = layer_class(sliding_window=3)
+    contract(layer.sliding_window == 3, "DynamicSlidingWindowLayer.sliding_window", "attribute gone")
+    for method in ("update", "get_mask_sizes", "get_seq_length"):
+        contract(callable(getattr(layer, method, None)), f"DynamicSlidingWindowLayer.{method}", "gone")
+
+
+# Hooks swapformer overrides on transformers' base classes --------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "method, params",
+    [
+        ("get_correct_attn_implementation", ["self", "requested_attention", "is_init_check"]),
+        ("set_attn_implementation", ["self", "attn_implementation", "allow_all_kernels"]),
+        ("mark_tied_weights_as_initialized", ["self", "loading_info"]),
+    ],
+)
+def test_model_hooks_still_exist(method, params):
+    fn = getattr(PreTrainedModel, method, None)
+    contract(fn is not None, f"PreTrainedModel.{method}", "gone (swapformer overrides it)")
+    contract(
+        parameters(fn) == params, f"PreTrainedModel.{method}", f"signature is now {inspect.signature(fn)}"
+    )
+
+
+def test_generate_calls_the_models_mask_hook(monkeypatch):
+    """generate() with a static cache asks the model's `create_masks_for_generate` (swapformer pads the
+    2-D mask to every cache slot there) instead of transformers' mask builder."""
+    model = build(swapformer.DecoderForCausalLM, tiny_config("decoder"), attn="sdpa")
+    calls = []
+    hook = type(model).create_masks_for_generate
+    monkeypatch.setattr(
+        type(model), "create_masks_for_generate", lambda *a, **k: calls.append(1) or hook(*a, **k)
+    )
+    ids, mask = padded_batch(batch=2, length=5, padding="left")
+    model.generate(ids, attention_mask=mask, max_new_tokens=2, do_sample=False, cache_implementation="static")
+    contract(
+        bool(calls), "GenerationMixin -> model.create_masks_for_generate", "generate() no longer calls it"
+    )
+
+
+def test_config_internals():
+    config = PreTrainedConfig()
+    contract(
+        hasattr(config, "_attn_implementation_internal"),
+        "PreTrainedConfig._attn_implementation_internal",
+        "gone",
+    )
+    contract(
+        callable(getattr(config, "_remove_keys_not_serialized", None)), "_remove_keys_not_serialized", "gone"
+    )
+    validators = [v.__name__ for v in getattr(PreTrainedConfig, "__class_validators__", ())]
+    contract(
+        "validate_layer_type" in validators,
+        "PreTrainedConfig validate_layer_type",
+        f"validators {validators}",
+    )
+
+
+def test_trainer_push_to_hub_writes_its_card_through_create_model_card_then_uploads():
+    """hub_cards/publish.py swaps the card Trainer.push_to_hub uploads by replacing `create_model_card`
+    on the instance: that works while push_to_hub saves, then calls self.create_model_card, then
+    uploads the folder, in that order."""
+    from transformers import Trainer
+
+    source = inspect.getsource(
+        Trainer.push_to_hub.__wrapped__
+        if hasattr(Trainer.push_to_hub, "__wrapped__")
+        else Trainer.push_to_hub
+    )
+    order = [source.find(call) for call in ("self.save_model(", "self.create_model_card(", ".upload_folder(")]
+    contract(
+        -1 not in order and order == sorted(order),
+        "Trainer.push_to_hub",
+        f"no longer calls save_model, self.create_model_card and upload_folder in that order (positions {order})",
+    )
