@@ -26,9 +26,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-from transformers.cache_utils import Cache, DynamicLayer, EncoderDecoderCache, get_layer_types_and_kwargs
+from transformers import Cache, DynamicCache, DynamicLayer, EncoderDecoderCache
 
 from .cache import GlobalWindowLayer, SlidingWindowLayer
+from .hf_compat import DynamicSlidingWindowLayer
 
 QMAX = 127
 
@@ -207,14 +208,6 @@ class Int8GlobalWindowLayer(Int8Storage, GlobalWindowLayer):
     _layer_type = None  # not registered: `GlobalWindowLayer` stays the class of its layer type
 
 
-INT8_LAYER_CLASSES = {
-    "full_attention": Int8Layer,
-    "bigbird_attention": Int8Layer,
-    "sliding_attention": Int8SlidingWindowLayer,
-    "sliding_global_attention": Int8GlobalWindowLayer,
-}
-
-
 class Int8Cache(Cache):
     """A dynamic cache holding int8 keys and values, one cache layer per decoder layer of `config`.
 
@@ -227,22 +220,33 @@ class Int8Cache(Cache):
         cross_attention: one full layer per decoder layer, for the keys of the encoder's output.
 
     Raises:
-        ValueError: a layer type with no int8 cache layer here.
+        ValueError: a layer whose fp32 cache layer has no int8 counterpart here.
     """
 
     def __init__(self, config, *, cross_attention: bool = False):
-        config = config.get_text_config(decoder=True)
-        layer_types, per_layer_kwargs = get_layer_types_and_kwargs(config)
+        # The layer classes of the fp32 cache generate() would build, each swapped for its int8 class
+        # (so both always agree on layer types and windows).
+        template = DynamicCache(config=config).layers
         if cross_attention:
-            layer_types, per_layer_kwargs = ["full_attention"] * len(layer_types), [{}] * len(layer_types)
-        unknown = sorted(set(layer_types) - set(INT8_LAYER_CLASSES))
-        if unknown:
-            raise ValueError(
-                f"Int8Cache has no int8 cache layer for layer types {unknown} (it has {sorted(INT8_LAYER_CLASSES)}); "
-                "use a DynamicCache for this model"
-            )
-        layers = [INT8_LAYER_CLASSES[lt](**kw) for lt, kw in zip(layer_types, per_layer_kwargs)]
+            layers = [Int8Layer() for _ in template]
+        else:
+            layers = [self._int8_layer(i, layer) for i, layer in enumerate(template)]
         super().__init__(layers=layers)
+
+    @staticmethod
+    def _int8_layer(idx: int, layer):
+        # most derived first: swapformer's layers subclass transformers' ones
+        if isinstance(layer, GlobalWindowLayer):
+            return Int8GlobalWindowLayer()
+        if isinstance(layer, DynamicSlidingWindowLayer):
+            return Int8SlidingWindowLayer(sliding_window=layer.sliding_window)
+        if type(layer) is DynamicLayer:
+            return Int8Layer()
+        raise ValueError(
+            f"Int8Cache has no int8 cache layer for layer {idx}, whose fp32 cache layer is {type(layer).__name__} "
+            "(it has them for DynamicLayer, DynamicSlidingWindowLayer and GlobalWindowLayer: full, BigBird, "
+            "sliding-window and window + global layers); use a DynamicCache for this model"
+        )
 
     @property
     def nbytes(self) -> int:

@@ -200,9 +200,10 @@ def test_int8_cache_beam_search_reorders_the_int8_rows():
 
 def test_int8_cache_refuses_a_layer_type_it_has_no_layer_for():
     config = copy.deepcopy(tiny_config("decoder"))
-    config.layer_types = ["full_attention", "chunked_attention"]
-    config.attention_chunk_size = 4
-    with pytest.raises(ValueError, match=r"\['chunked_attention'\].*DynamicCache"):
+    config.layer_types = ["full_attention", "linear_attention"]
+    with pytest.raises(
+        ValueError, match=r"layer 1, whose fp32 cache layer is LinearAttentionLayer.*DynamicCache"
+    ):
         Int8Cache(config)
 
 
