@@ -1,5 +1,6 @@
 """swapformer.modeling: attention backends, masks, layers and the three architectures."""
 
+from .int8_cache import Int8Cache, int8_cache
 from .modeling_base import SwapformerPreTrainedModel
 from .modeling_decoder import DecoderForCausalLM, DecoderForSequenceClassification, DecoderModel
 from .modeling_encoder import (
@@ -23,4 +24,6 @@ __all__ = [
     "DecoderForSequenceClassification",
     "Seq2SeqModel",
     "Seq2SeqForConditionalGeneration",
+    "Int8Cache",
+    "int8_cache",
 ]

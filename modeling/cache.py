@@ -92,13 +92,25 @@ class GlobalWindowLayer(DynamicLayer):
     def update(self, key_states, value_states, *args, **kwargs):
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
-        keys = torch.cat([self.keys, key_states], dim=-2)
-        values = torch.cat([self.values, value_states], dim=-2)
+        keys, values = self._append(key_states, value_states)
         self.cumulative_length += key_states.shape[-2]
-        self.keys, self.values = keys, values
         if self.window is not None and self.keep is not None:
             self._drop_unreachable()
         return keys, values
+
+    # Storage hooks, so that `Int8GlobalWindowLayer` keeps the same bookkeeping over int8 rows.
+    def _append(self, key_states, value_states):
+        self.keys = torch.cat([self.keys, key_states], dim=-2)
+        self.values = torch.cat([self.values, value_states], dim=-2)
+        return self.keys, self.values
+
+    def _keep(self, prefix: int, start: int) -> None:
+        """Keep stored rows [0, prefix) and [start, end)."""
+        self.keys = torch.cat([self.keys[..., :prefix, :], self.keys[..., start:, :]], dim=-2)
+        self.values = torch.cat([self.values[..., :prefix, :], self.values[..., start:, :]], dim=-2)
+
+    def _stored(self) -> int:
+        return self.keys.shape[-2] if self.is_initialized else 0
 
     def _drop_unreachable(self) -> None:
         total, contiguous = self.cumulative_length, self.tail_start <= self.prefix
@@ -107,12 +119,11 @@ class GlobalWindowLayer(DynamicLayer):
         if tail_start <= prefix:
             return
         local_tail = tail_start if contiguous else self.prefix + tail_start - self.tail_start
-        self.keys = torch.cat([self.keys[..., :prefix, :], self.keys[..., local_tail:, :]], dim=-2)
-        self.values = torch.cat([self.values[..., :prefix, :], self.values[..., local_tail:, :]], dim=-2)
+        self._keep(prefix, local_tail)
         self.prefix, self.tail_start = prefix, tail_start
 
     def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
-        stored = self.keys.shape[-2] if self.is_initialized else 0
+        stored = self._stored()
         # The first stored key after the prefix is at `tail_start` once keys were dropped, also with no
         # prefix (no global token: the stored keys are then one range starting there).
         return stored + query_length, (self.tail_start if self.tail_start > self.prefix else 0)

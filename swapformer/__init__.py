@@ -48,6 +48,8 @@ _LAZY = {
             "DecoderForSequenceClassification",
             "Seq2SeqModel",
             "Seq2SeqForConditionalGeneration",
+            "Int8Cache",
+            "int8_cache",
         ),
         "modeling",
     ),
@@ -87,9 +89,11 @@ if TYPE_CHECKING:  # for type checkers and IDEs; at run time these come from __g
         EncoderForSequenceClassification,
         EncoderForTokenClassification,
         EncoderModel,
+        Int8Cache,
         Seq2SeqForConditionalGeneration,
         Seq2SeqModel,
         SwapformerPreTrainedModel,
+        int8_cache,
     )
 
 
