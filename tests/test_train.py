@@ -39,14 +39,7 @@ AUTO = {
 TINY_MODEL = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64)
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny models gain nothing from a second thread, and on a busy shared machine two OpenMP threads
-    spin-wait for each other: one thread keeps these tests fast and steady."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")  # conftest.one_thread
 
 
 @pytest.fixture(scope="module")
