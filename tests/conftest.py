@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import copy
+import importlib.util
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -37,6 +40,18 @@ def tiny_config(arch: str, **overrides):
         return swapformer.DecoderConfig(**base)
     base.setdefault("decoder_start_token_id", 1)
     return swapformer.Seq2SeqConfig(**base)
+
+
+def load_benchmark(name: str):
+    """benchmarks/`name`.py as a module (its folder goes on sys.path: the benchmarks import their shared
+    measure.py)."""
+    folder = Path(__file__).resolve().parents[1] / "benchmarks"
+    if str(folder) not in sys.path:
+        sys.path.insert(0, str(folder))
+    spec = importlib.util.spec_from_file_location(f"{name}_benchmark", folder / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 BERT_SPECIAL = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
