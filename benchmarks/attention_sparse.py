@@ -74,9 +74,10 @@ def matmul_peak_gflops() -> float:
     return 2 * 2048**3 / timed(lambda: a @ b, 10) / 1e9
 
 
-def make_pattern(n: int, kind: str, globals_: int = GLOBALS) -> AttentionPattern:
-    """`globals_` leading global tokens; 0 gives a plain sliding window (kind "sliding")."""
-    glob = torch.zeros(1, n, dtype=torch.bool)
+def make_pattern(n: int, kind: str, globals_: int = GLOBALS, device: str = "cpu") -> AttentionPattern:
+    """`globals_` leading global tokens; 0 gives a plain sliding window (kind "sliding"). tests/test_gpu.py
+    times the same pattern on CUDA (`device="cuda"`)."""
+    glob = torch.zeros(1, n, dtype=torch.bool, device=device)
     glob[:, :globals_] = True
     if kind == "sliding_global" and not globals_:
         kind, glob = "sliding", None
@@ -89,14 +90,14 @@ def make_pattern(n: int, kind: str, globals_: int = GLOBALS) -> AttentionPattern
         key_offset=0,
         key_length=n,
         total_length=n,
-        device=torch.device("cpu"),
+        device=torch.device(device),
         window=WINDOW,
         global_keys=glob,
         global_queries=glob,
         block_size=BLOCK,
     )
     if kind == "bigbird":
-        starts = torch.zeros(1, n, dtype=torch.long)
+        starts = torch.zeros(1, n, dtype=torch.long, device=device)
         table, index = random_layouts(0, starts + n, -(-n // BLOCK), BLOCK, RANDOM, causal=False)
         pattern = dataclasses.replace(pattern, random_table=table, random_index=index, random_start=starts)
     return pattern

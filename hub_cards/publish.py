@@ -174,6 +174,7 @@ def card_for(
     """swapformer's card for `model`; `carried`'s data/results metadata is kept, `training_text` (e.g.
     Trainer's summary) becomes the training section."""
     from ..configuration import capability_table_markdown
+    from .render import model_values
 
     cfg = model.config
     tag, usage = usage_snippet(model, repo_id, with_tokenizer)
@@ -200,18 +201,9 @@ def card_for(
         model_name=repo_id.rsplit("/", 1)[-1],
         description=f"A swapformer {('encoder-decoder' if cfg.is_encoder_decoder else 'decoder' if getattr(cfg, 'causal', False) else 'encoder')} model.",
         usage=usage,
-        model_class=type(model).__name__,
-        model_type=cfg.model_type,
+        **model_values(model),
         num_parameters=f"{sum(p.numel() for p in model.parameters()):,}",
         layers=layers,
-        hidden_size=cfg.hidden_size,
-        heads=cfg.num_attention_heads,
-        kv_heads=cfg.num_key_value_heads,
-        positions=cfg.position_embedding_type,
-        norm=cfg.norm_type,
-        mlp=f"{cfg.mlp_type} ({cfg.hidden_act})",
-        vocab_size=cfg.vocab_size,
-        max_positions=cfg.max_position_embeddings,
         attn=cfg._attn_implementation,
         layer_count=len(cfg.layer_types) + len(getattr(cfg, "decoder_layer_types", None) or []),
         layer_rows=_layer_rows(cfg),

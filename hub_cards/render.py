@@ -53,3 +53,21 @@ def render_model_card(
         dataset_name=dataset_name,
         **values,
     )
+
+
+def model_values(model) -> dict:
+    """The template values of a card's model table that the model and its config hold: class, type,
+    width, heads (and key-value heads), positions, norm, MLP, vocabulary and context."""
+    cfg = model.config
+    return dict(
+        model_class=type(model).__name__,
+        model_type=cfg.model_type,
+        hidden_size=cfg.hidden_size,
+        heads=cfg.num_attention_heads,
+        kv_heads=cfg.num_key_value_heads,
+        positions=cfg.position_embedding_type,
+        norm=cfg.norm_type,
+        mlp=f"{cfg.mlp_type} ({cfg.hidden_act})",
+        vocab_size=cfg.vocab_size,
+        max_positions=cfg.max_position_embeddings,
+    )

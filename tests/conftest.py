@@ -1,28 +1,34 @@
-"""Shared helpers: tiny configs, weight scrambling and tolerant comparisons."""
+"""Shared helpers: tiny configs, a word-level tokenizer, weight scrambling and tolerant comparisons."""
 
 from __future__ import annotations
 
 import copy
+import importlib.util
+import json
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
+import transformers
+from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processors
 
 import swapformer
 
 ARCHS = ("encoder", "decoder", "seq2seq")
 POSITIONS = ("learned", "sinusoidal", "rope", "alibi", "relative_bias", "none")
 VOCAB = 97
+# The size of the tiny models; a test that builds a transformers model beside one uses it too.
+TINY_SIZE = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=48)
 
 
 def tiny_config(arch: str, **overrides):
     """A 2-layer model small enough for exhaustive parametrised tests."""
     base = dict(
         vocab_size=VOCAB,
-        hidden_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=4,
+        **TINY_SIZE,
         num_key_value_heads=4,
-        intermediate_size=48,
         max_position_embeddings=64,
         hidden_dropout=0.0,
         pad_token_id=0,
@@ -36,6 +42,63 @@ def tiny_config(arch: str, **overrides):
         return swapformer.DecoderConfig(**base)
     base.setdefault("decoder_start_token_id", 1)
     return swapformer.Seq2SeqConfig(**base)
+
+
+def load_benchmark(name: str):
+    """benchmarks/`name`.py as a module (its folder goes on sys.path: the benchmarks import their shared
+    measure.py)."""
+    folder = Path(__file__).resolve().parents[1] / "benchmarks"
+    if str(folder) not in sys.path:
+        sys.path.insert(0, str(folder))
+    spec = importlib.util.spec_from_file_location(f"{name}_benchmark", folder / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def run_python(script: str, *args, env: dict, tag: str, cwd=None) -> dict:
+    """Run `script` with `args` in a fresh interpreter whose whole environment is `env`; it must exit 0
+    and print a line `TAG {json}`, whose object is returned."""
+    done = subprocess.run(
+        [sys.executable, "-c", script, *map(str, args)],
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        env=env,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.split(f"{tag} ", 1)[1])
+
+
+BERT_SPECIAL = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+
+
+def bert_style_tokenizer(words, padding_side="right", decoder=None):
+    """A word-level fast tokenizer with BERT's special tokens (ids 0-4, BERT_SPECIAL) then `words`:
+    lowercased, split on white space, `[CLS] a [SEP]` and `[CLS] a [SEP] b [SEP]` with token types;
+    `decoder` a `tokenizers.decoders` object where a test decodes."""
+    vocab = {tok: i for i, tok in enumerate(BERT_SPECIAL + list(words))}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
+    tok.normalizer = normalizers.Lowercase()
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok.post_processor = processors.TemplateProcessing(
+        single="[CLS] $A [SEP]",
+        pair="[CLS] $A [SEP] $B:1 [SEP]:1",
+        special_tokens=[("[CLS]", vocab["[CLS]"]), ("[SEP]", vocab["[SEP]"])],
+    )
+    if decoder is not None:
+        tok.decoder = decoder
+    return transformers.PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        pad_token="[PAD]",
+        unk_token="[UNK]",
+        cls_token="[CLS]",
+        sep_token="[SEP]",
+        mask_token="[MASK]",
+        padding_side=padding_side,
+        model_input_names=["input_ids", "token_type_ids", "attention_mask"],
+    )
 
 
 BASE_CLASSES = {
@@ -98,6 +161,36 @@ def max_diff(a: torch.Tensor, b: torch.Tensor, mask: torch.Tensor | None = None)
     if mask is not None:
         d = d[mask.bool()]
     return float(d.max()) if d.numel() else 0.0
+
+
+def exact_sgd_args(output_dir, **overrides) -> transformers.TrainingArguments:
+    """TrainingArguments for Trainer runs that tests compare weight by weight: plain SGD at a constant
+    rate, no weight decay, no clipping, on the CPU, fixed seeds, no reports and no checkpoints;
+    `overrides` add the batch size, steps and rate of the run."""
+    return transformers.TrainingArguments(
+        output_dir=str(output_dir),
+        optim="sgd",
+        lr_scheduler_type="constant",
+        weight_decay=0.0,
+        max_grad_norm=1e9,
+        use_cpu=True,
+        report_to="none",
+        save_strategy="no",
+        seed=0,
+        data_seed=0,
+        **overrides,
+    )
+
+
+@pytest.fixture
+def one_thread():
+    """Tiny models gain nothing from a second thread, and on a busy shared machine OpenMP threads
+    spin-wait for each other (a backward took 25x longer with two): one thread keeps tests fast and
+    steady. Files use it with `pytestmark = pytest.mark.usefixtures("one_thread")`."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
 
 
 @pytest.fixture

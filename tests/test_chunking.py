@@ -12,38 +12,18 @@ import sys
 import pytest
 import torch
 import transformers as T
-from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processors
 
 import swapformer
 from swapformer.chunking import chunked_forward, classify_long, split_into_windows
 
-from conftest import scramble_, tiny_config
+from conftest import BERT_SPECIAL, TINY_SIZE, bert_style_tokenizer, scramble_, tiny_config
 
 WORDS = [f"w{i}" for i in range(40)]
-SPECIAL = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
 MAX_LENGTH, STRIDE = 16, 4  # 14 content tokens a window, 10 new ones per window after the first
 
 
 def make_tokenizer(padding_side="right"):
-    vocab = {tok: i for i, tok in enumerate(SPECIAL + WORDS)}
-    tok = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
-    tok.normalizer = normalizers.Lowercase()
-    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    tok.post_processor = processors.TemplateProcessing(
-        single="[CLS] $A [SEP]",
-        pair="[CLS] $A [SEP] $B:1 [SEP]:1",
-        special_tokens=[("[CLS]", vocab["[CLS]"]), ("[SEP]", vocab["[SEP]"])],
-    )
-    return T.PreTrainedTokenizerFast(
-        tokenizer_object=tok,
-        pad_token="[PAD]",
-        unk_token="[UNK]",
-        cls_token="[CLS]",
-        sep_token="[SEP]",
-        mask_token="[MASK]",
-        padding_side=padding_side,
-        model_input_names=["input_ids", "token_type_ids", "attention_mask"],
-    )
+    return bert_style_tokenizer(WORDS, padding_side=padding_side)
 
 
 @pytest.fixture(scope="module")
@@ -63,7 +43,7 @@ TEXTS = [text(n, seed) for seed, n in enumerate([9, 0, 14, 15, 57, 3, 24, 40])]
 def swapformer_classifier(n_labels=3):
     config = tiny_config(
         "encoder",
-        vocab_size=len(SPECIAL) + len(WORDS),
+        vocab_size=len(BERT_SPECIAL) + len(WORDS),
         num_labels=n_labels,
         id2label={i: f"class_{i}" for i in range(n_labels)},
     )
@@ -73,12 +53,9 @@ def swapformer_classifier(n_labels=3):
 
 
 def bert(model_class, n_labels=3):
-    config = T.BertConfig(
-        vocab_size=len(SPECIAL) + len(WORDS),
-        hidden_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        intermediate_size=48,
+    config = T.BertConfig(  # swapformer_classifier's size
+        vocab_size=len(BERT_SPECIAL) + len(WORDS),
+        **TINY_SIZE,
         max_position_embeddings=64,
         num_labels=n_labels,
         hidden_dropout_prob=0.0,

@@ -18,7 +18,7 @@ from test_patterns import pattern_config
 
 import swapformer
 
-from conftest import build, max_diff, padded_batch
+from conftest import build, load_benchmark, max_diff, padded_batch
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 LENGTH = 96
@@ -92,28 +92,12 @@ def test_speed_print():
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
     from swapformer.modeling.lowering import lower
-    from swapformer.modeling.masks import AttentionPattern
     from swapformer.modeling.sparse import sparse_attention_forward
 
-    n, heads, dim = 8192, 12, 64
+    bench = load_benchmark("attention_sparse")  # its layer pattern: window 129, 1 global, blocks of 64
+    n, heads, dim = 8192, bench.HEADS, bench.HEAD_DIM
     q, k, v = (torch.randn(1, heads, n, dim, device="cuda", dtype=torch.float16) for _ in range(3))
-    glob = torch.zeros(1, n, dtype=torch.bool, device="cuda")
-    glob[:, 0] = True
-    pattern = AttentionPattern(
-        kind="sliding_global",
-        causal=False,
-        batch=1,
-        query_offset=0,
-        query_length=n,
-        key_offset=0,
-        key_length=n,
-        total_length=n,
-        device=torch.device("cuda"),
-        window=129,
-        global_keys=glob,
-        global_queries=glob,
-        block_size=64,
-    )
+    pattern = bench.make_pattern(n, "sliding_global", device="cuda")
 
     class Module(torch.nn.Module):
         is_causal, num_key_value_groups, training = False, 1, False

@@ -9,38 +9,28 @@ import copy
 import pytest
 import torch
 import transformers as T
+from test_patterns import pattern_config
 
 import swapformer
 from swapformer.cli import main
 from swapformer.conversion import ConversionError, convert, from_hf_model
 
-from conftest import build, max_diff, padded_batch, scramble_, tiny_config
+from conftest import build, max_diff, padded_batch, scramble_
 
 LENGTH = 40  # five blocks of 8: windows, global tokens and random blocks all matter
 GLOBAL_TYPES = ["sliding_global_attention", "bigbird_attention"]
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")  # conftest.one_thread
 
 
 def global_config(arch="encoder", layer_type="sliding_global_attention", **overrides):
-    options = dict(
-        layer_types=[layer_type, "full_attention"],
-        sliding_window=5,
-        attention_block_size=8,
-        global_tokens=1,
-        num_random_blocks=1,
-        position_embedding_type="rope",
-        num_key_value_heads=2,
-        global_projections=True,
-    )
-    options.update(overrides)
-    return tiny_config(arch, **options)
+    """test_patterns' config with one global token, 2 kv heads and Longformer's separate global
+    projections; an encoder-decoder's decoder keeps its default (full) layers."""
+    if arch == "seq2seq":
+        overrides.setdefault("decoder_layer_types", None)
+    options = dict(global_tokens=1, num_key_value_heads=2, global_projections=True)
+    return pattern_config(arch, layer_type, **{**options, **overrides})
 
 
 def marks_for(ids):

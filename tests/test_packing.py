@@ -24,7 +24,7 @@ from transformers import DataCollatorWithFlattening
 import swapformer
 from swapformer.modeling import packing as packing_module
 
-from conftest import BASE_CLASSES, build, max_diff
+from conftest import BASE_CLASSES, build, exact_sgd_args, max_diff
 
 LAYER_TYPES = ["full_attention", "sliding_attention", "sliding_global_attention", "bigbird_attention"]
 POSITIONS = ["learned", "sinusoidal", "rope", "alibi", "relative_bias"]
@@ -34,14 +34,7 @@ LENGTHS = (13, 5, 22)
 TOL = 1e-5
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny models gain nothing from a second thread, and on a busy machine OpenMP threads spin-wait
-    for each other (a backward took 25x longer with two)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")  # conftest.one_thread
 
 
 def pattern_config(arch, layer_type, position="rope", **overrides):
@@ -604,26 +597,13 @@ def pad_collate(features):
 
 
 def trainer_run(tmp_path, name, collator, attn):
-    from transformers import Trainer, TrainingArguments
+    from transformers import Trainer
 
     model = build(
         swapformer.DecoderForCausalLM, pattern_config("decoder", "sliding_attention", "rope"), attn=attn
     )
-    args = TrainingArguments(
-        output_dir=str(tmp_path / name),
-        per_device_train_batch_size=4,
-        max_steps=3,
-        learning_rate=0.1,
-        optim="sgd",
-        lr_scheduler_type="constant",
-        weight_decay=0.0,
-        max_grad_norm=1e9,
-        logging_steps=1,
-        use_cpu=True,
-        report_to="none",
-        save_strategy="no",
-        seed=0,
-        data_seed=0,
+    args = exact_sgd_args(
+        tmp_path / name, per_device_train_batch_size=4, max_steps=3, learning_rate=0.1, logging_steps=1
     )
     trainer = Trainer(model=model, args=args, train_dataset=Documents(), data_collator=collator)
     trainer.train()

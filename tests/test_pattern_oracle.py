@@ -38,12 +38,7 @@ OUT_TOL, GRAD_TOL = 1e-5, 1e-4
 SETTINGS = dict(deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")  # conftest.one_thread
 
 
 # The cases -----------------------------------------------------------------------------------------
@@ -54,12 +49,12 @@ class Case:
     causal: bool
     layer_types: list[str]
     window: int
-    global_tokens: int
-    block_size: int
-    num_random_blocks: int
-    random_seed: int
-    kv_heads: int
     rows: list[RowLayout]  # every row has P + T tokens
+    global_tokens: int = 0
+    block_size: int = 2
+    num_random_blocks: int = 0
+    random_seed: int = 0
+    kv_heads: int = 2
     past: int = 0  # tokens cached before the step under test (decoders)
     use_marks: bool = False
     use_position_ids: bool = False
@@ -380,7 +375,7 @@ def test_sparse_gradients_when_rows_hold_different_numbers_of_global_queries():
     unused slots (rows with fewer global queries than the batch's most) pointed at query 0, so query 0's
     band result received their gradient too: outputs right, dq wrong by ~0.1-1."""
     marks = [(0, 5), (), (3, 4, 9)]
-    rows = [RowLayout((True,) * 12, (0,) * 12, tuple(i in m for i in range(12))) for m in marks]
+    rows = [plain_row(12, marked=m) for m in marks]
     for causal in (False, True):
         case = Case(
             causal=causal,
@@ -390,7 +385,6 @@ def test_sparse_gradients_when_rows_hold_different_numbers_of_global_queries():
             block_size=4,
             num_random_blocks=1,
             random_seed=1,
-            kv_heads=2,
             rows=rows,
             use_marks=True,
         )
@@ -400,17 +394,11 @@ def test_sparse_gradients_when_rows_hold_different_numbers_of_global_queries():
 def test_window_global_cache_without_global_tokens():
     """Regression: a window + global layer with no global token (global_tokens=0, no marks) whose cache
     dropped keys reported key offset 0, so cached steps masked the wrong keys (all backends)."""
-    row = RowLayout((True,) * 9, (0,) * 9, (False,) * 9)
     case = Case(
         causal=True,
         layer_types=["sliding_global_attention", "sliding_global_attention"],
         window=2,
-        global_tokens=0,
-        block_size=2,
-        num_random_blocks=0,
-        random_seed=0,
-        kv_heads=2,
-        rows=[row, row],
+        rows=[plain_row(9), plain_row(9)],
         past=6,
     )
     check_cached_step(case)
@@ -421,17 +409,11 @@ def test_window_of_one_cached(step):
     """Regression: transformers' windowed cache keeps its last `sliding_window - 1` tokens as
     `[-sliding_window + 1:]`, which for a window of 1 is `[-0:]`, every token: the keys then disagreed
     with the mask's sizes (wrong outputs for one new token, a shape error for several)."""
-    row = RowLayout((True,) * 8, (0,) * 8, (False,) * 8)
     case = Case(
         causal=True,
         layer_types=["sliding_attention", "sliding_attention"],
         window=1,
-        global_tokens=0,
-        block_size=2,
-        num_random_blocks=0,
-        random_seed=0,
-        kv_heads=2,
-        rows=[row],
+        rows=[plain_row(8)],
         past=8 - step,
     )
     check_cached_step(case)
@@ -445,12 +427,9 @@ def test_bigbird_padded_row_equals_the_row_alone(causal, side):
         causal=causal,
         layer_types=["bigbird_attention", "bigbird_attention"],
         window=2,
-        global_tokens=0,
         block_size=4,
         num_random_blocks=2,
-        random_seed=0,
-        kv_heads=2,
-        rows=[RowLayout((True,) * 20, (0,) * 20, (False,) * 20)],
+        rows=[plain_row(20)],
     )
     model = model_for(case)
     ids = case.inputs()["input_ids"]
@@ -498,7 +477,6 @@ def test_flex_equals_the_oracle(causal, layer_types, padding, packing):
         block_size=4,
         num_random_blocks=2,
         random_seed=11,
-        kv_heads=2,
         rows=rows,
         use_marks=True,
         use_position_ids=packing,

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 import textwrap
 
 import pytest
@@ -15,7 +13,7 @@ from safetensors.torch import save_file
 import swapformer
 from swapformer.modeling.remote_code import flat_files
 
-from conftest import build, padded_batch, tiny_config
+from conftest import build, padded_batch, run_python, tiny_config
 
 CASES = {
     "encoder": (
@@ -92,16 +90,7 @@ def test_remote_code_loads_without_swapformer(arch, tmp_path, report):
 
     env = dict(os.environ, HF_MODULES_CACHE=str(tmp_path / "modules"), HF_HUB_OFFLINE="1")
     env.pop("PYTHONPATH", None)
-    run = subprocess.run(
-        [sys.executable, "-c", SCRIPT, str(folder), auto_name, arch],
-        capture_output=True,
-        text=True,
-        cwd=tmp_path,
-        env=env,
-        timeout=300,
-    )
-    assert run.returncode == 0, run.stderr[-3000:]
-    result = json.loads(run.stdout.split("REPORT ", 1)[1])
+    result = run_python(SCRIPT, folder, auto_name, arch, env=env, tag="REPORT", cwd=tmp_path)
     assert result["class"].startswith("transformers_modules."), result["class"]
     report(f"{arch} remote sdpa logits max abs diff", result["sdpa"])
     report(f"{arch} remote eager logits max abs diff", result["eager"])

@@ -29,7 +29,7 @@ from swapformer.training.preflight import check_run
 from swapformer.training.step import TrainingDiverged
 from swapformer.training.tokenizer import train_tokenizer
 
-from conftest import max_diff
+from conftest import max_diff, run_python
 
 AUTO = {
     "decoder": AutoModelForCausalLM,
@@ -39,14 +39,7 @@ AUTO = {
 TINY_MODEL = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64)
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny models gain nothing from a second thread, and on a busy shared machine two OpenMP threads
-    spin-wait for each other: one thread keeps these tests fast and steady."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")  # conftest.one_thread
 
 
 @pytest.fixture(scope="module")
@@ -581,15 +574,7 @@ print("RESULT " + json.dumps({"class": type(model).__module__, "ids": out[0].tol
 def test_the_trained_folder_generates_with_remote_code_where_swapformer_is_absent(tmp_path, text_folder):
     out = tmp_path / "run"
     train(tiny_args(out, text_folder))
-    done = subprocess.run(
-        [sys.executable, "-c", REMOTE_SCRIPT, str(out)],
-        env=CPU_ENV,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    result = json.loads(done.stdout.split("RESULT ", 1)[1])
+    result = run_python(REMOTE_SCRIPT, out, env=CPU_ENV, tag="RESULT")
     assert result["class"].startswith("transformers_modules")  # the folder's own code ran
     model = AutoModelForCausalLM.from_pretrained(out).eval()  # swapformer's registered class, here
     tokenizer = AutoTokenizer.from_pretrained(out)

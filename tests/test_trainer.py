@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-from transformers import Trainer, TrainingArguments
+from transformers import Trainer
 
-from conftest import LM_CLASSES, build, max_diff, tiny_config
+from conftest import LM_CLASSES, build, exact_sgd_args, max_diff, tiny_config
 
 
 class Rows(torch.utils.data.Dataset):
@@ -38,21 +38,12 @@ def train_one_step(arch, tmp_path, batch, accumulation, accepts_loss_kwargs=True
     if not accepts_loss_kwargs:
         model.accepts_loss_kwargs = False  # Trainer then averages the micro-batches' mean losses
     model.train()
-    args = TrainingArguments(
-        output_dir=str(tmp_path / f"{batch}x{accumulation}{'' if accepts_loss_kwargs else '-mean'}"),
+    args = exact_sgd_args(
+        tmp_path / f"{batch}x{accumulation}{'' if accepts_loss_kwargs else '-mean'}",
         per_device_train_batch_size=batch,
         gradient_accumulation_steps=accumulation,
         max_steps=1,
         learning_rate=0.5,
-        optim="sgd",
-        lr_scheduler_type="constant",
-        weight_decay=0.0,
-        max_grad_norm=1e9,
-        use_cpu=True,
-        report_to="none",
-        save_strategy="no",
-        seed=0,
-        data_seed=0,
     )
     Trainer(model=model, args=args, train_dataset=Rows(arch)).train()
     return {n: p.detach().clone() for n, p in model.named_parameters()}

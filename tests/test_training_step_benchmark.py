@@ -4,27 +4,15 @@ mode the benchmark times (fp32, bf16 autocast, activation checkpointing). No tim
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-
 import pytest
 
-BENCHMARK = Path(__file__).resolve().parents[1] / "benchmarks" / "training_step.py"
+from conftest import load_benchmark
+
 TINY = "--layers 2 --hidden 32 --heads 2 --intermediate 64 --vocab 128 --batch 2 --length 16 --rounds 1"
 
 
-def load_benchmark():
-    if str(BENCHMARK.parent) not in sys.path:  # the benchmarks import their shared measure.py
-        sys.path.insert(0, str(BENCHMARK.parent))
-    spec = importlib.util.spec_from_file_location("training_step_benchmark", BENCHMARK)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_training_step_benchmark_runs_and_both_models_give_the_same_first_loss(capsys):
-    benchmark = load_benchmark()
+    benchmark = load_benchmark("training_step")
     results = benchmark.main(TINY.split())
     table = capsys.readouterr().out
     assert len(results) == 2 * len(benchmark.MODES)

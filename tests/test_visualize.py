@@ -16,7 +16,7 @@ import swapformer
 from swapformer import visualize
 from swapformer.cli import main
 
-from conftest import build
+from conftest import TINY_SIZE, build
 
 TEXT = "The quick brown fox jumps over the lazy dog near the river bank."
 
@@ -30,10 +30,7 @@ def tokenizer():
 def encoder(tokenizer, attn: str, **overrides):
     config = swapformer.EncoderConfig(
         vocab_size=tokenizer.vocab_size,
-        hidden_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        intermediate_size=48,
+        **TINY_SIZE,
         max_position_embeddings=512,
         layer_types=["sliding_attention", "sliding_global_attention"],
         sliding_window=3,
@@ -172,10 +169,7 @@ def test_bertviz_renders_the_exported_maps(tokenizer):
 def test_bertviz_inputs_of_an_encoder_decoder(tokenizer):
     config = swapformer.Seq2SeqConfig(
         vocab_size=tokenizer.vocab_size,
-        hidden_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        intermediate_size=48,
+        **TINY_SIZE,
         pad_token_id=0,
         decoder_start_token_id=tokenizer.cls_token_id,
     )

@@ -11,7 +11,7 @@ import time
 
 import torch
 
-from ..hub_cards.render import render_model_card
+from ..hub_cards.render import model_values, render_model_card
 from .args import TrainArgs, attn_backends
 from .data import RunData, step_generator
 from .evaluation import perplexity, target_counts, unigram_log_probs
@@ -117,19 +117,12 @@ def write_model_card(path: str, *, args: TrainArgs, model, metrics: dict, corpus
         epochs=metrics["epochs"],
         train_seconds=metrics["train_seconds"],
         hardware=metrics["hardware"],
-        model_class=type(model).__name__,
-        model_type=cfg.model_type,
+        **model_values(model),
         num_parameters=f"{metrics['num_parameters']:,}",
         layers=cfg.num_hidden_layers
         if not cfg.is_encoder_decoder
         else f"{cfg.num_hidden_layers}+{cfg.decoder_layers}",
-        hidden_size=cfg.hidden_size,
-        heads=cfg.num_attention_heads,
-        positions=cfg.position_embedding_type,
-        norm=cfg.norm_type,
-        mlp=f"{cfg.mlp_type} ({cfg.hidden_act})",
         attn=args.attn,
-        vocab_size=cfg.vocab_size,
         seq_len=args.seq_len,
         dataset_description=corpus_text,
         hyperparameters=hyperparameter_table(args, metrics),
