@@ -34,25 +34,16 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import pathlib
 import time
 
 import torch
+from measure import machine
 from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 from transformers import AutoModelForCausalLM, DynamicCache, QuantoConfig, TorchAoConfig
 
 import swapformer  # noqa: F401  (registers the model types)
 from swapformer.modeling.int8_cache import Int8Cache
-
-
-def machine() -> str:
-    with open("/proc/cpuinfo") as f:
-        cpu = next(
-            (line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), "unknown CPU"
-        )
-    load = os.getloadavg()
-    return f"{cpu}, {os.cpu_count()} cores, load average {load[0]:.2f} / {load[1]:.2f} / {load[2]:.2f}"
 
 
 def validation_batches(folder: pathlib.Path) -> list[dict]:

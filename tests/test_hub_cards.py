@@ -165,22 +165,27 @@ def test_preflight_checks_card_metadata(tmp_path):
         publish.preflight(tmp_path, "AutoModel")
 
 
-def test_trainer_push_to_hub_uploads_swapformer_card_with_the_training_summary(tmp_path, monkeypatch):
-    hub = Hub(monkeypatch)
-    model = build(swapformer.DecoderForCausalLM, tiny_config("decoder"))
+def trained(model, folder, repo_id: str, **args) -> Trainer:
+    """A Trainer that ran one step on `model`, set to push to `repo_id`."""
     data = [{"input_ids": list(range(3, 11)), "labels": list(range(3, 11))} for _ in range(4)]
-    args = TrainingArguments(
-        tmp_path / "out",
+    arguments = TrainingArguments(
+        folder,
         max_steps=1,
         per_device_train_batch_size=2,
         report_to=[],
         use_cpu=True,
-        hub_model_id="me/trained",
-        save_strategy="steps",
-        save_steps=1,
+        hub_model_id=repo_id,
+        **args,
     )
-    trainer = Trainer(model=model, args=args, train_dataset=data)
+    trainer = Trainer(model=model, args=arguments, train_dataset=data)
     trainer.train()
+    return trainer
+
+
+def test_trainer_push_to_hub_uploads_swapformer_card_with_the_training_summary(tmp_path, monkeypatch):
+    hub = Hub(monkeypatch)
+    model = build(swapformer.DecoderForCausalLM, tiny_config("decoder"))
+    trainer = trained(model, tmp_path / "out", "me/trained", save_strategy="steps", save_steps=1)
     trainer.push_to_hub(commit_message="End of training")
     commit = hub.commits[-1]
     assert commit["repo_id"] == "me/trained"
@@ -194,18 +199,9 @@ def test_trainer_push_to_hub_uploads_swapformer_card_with_the_training_summary(t
 def test_trainer_push_to_hub_keeps_a_card_the_user_wrote(tmp_path, monkeypatch):
     users = "---\nlicense: mit\n---\n# Mine\n\nWritten by hand.\n"
     hub = Hub(monkeypatch, card=users)  # on the Hub, not in the output folder
-    model = build(swapformer.EncoderForMaskedLM, tiny_config("encoder"))
-    data = [{"input_ids": list(range(3, 11)), "labels": list(range(3, 11))} for _ in range(4)]
-    args = TrainingArguments(
-        tmp_path / "out",
-        max_steps=1,
-        per_device_train_batch_size=2,
-        report_to=[],
-        use_cpu=True,
-        hub_model_id="me/mine",
+    trainer = trained(
+        build(swapformer.EncoderForMaskedLM, tiny_config("encoder")), tmp_path / "out", "me/mine"
     )
-    trainer = Trainer(model=model, args=args, train_dataset=data)
-    trainer.train()
     trainer.push_to_hub()
     readme = hub.readme()
     assert "Written by hand." in readme and MARK not in readme and ModelCard(readme).data.license == "mit"

@@ -23,7 +23,7 @@ from transformers import DynamicCache
 from swapformer.configuration.backends import BACKENDS
 from swapformer.modeling.int8_cache import QMAX, Int8Cache, Int8Rows, int8_cache
 
-from conftest import LM_CLASSES, build, padded_batch, tiny_config
+from conftest import LM_CLASSES, build, load_benchmark, padded_batch, tiny_config
 
 DECODING = [n for n, c in BACKENDS.items() if c.kv_cache and "cpu" in c.devices and n != "flex_attention"]
 LAYER_TYPES = ["full_attention", "sliding_attention", "sliding_global_attention", "bigbird_attention"]
@@ -318,9 +318,7 @@ def test_int8_benchmark_smoke(tmp_path, capsys):
     """benchmarks/int8.py on a 4-step `swapformer train` run: its fp32 perplexity is the run's own
     validation perplexity (it rebuilds the same batches), the fp32 cache token by token gives it too,
     and the table has every variant with the int8 cache about 4x smaller."""
-    import importlib.util
     import json
-    import pathlib
     import random
 
     from swapformer.training.args import TrainArgs
@@ -339,10 +337,7 @@ def test_int8_benchmark_smoke(tmp_path, capsys):
         max_steps=4, warmup_steps=1, save_every=4, eval_every=4, val_fraction=0.2, model_options=model_options,
     )  # fmt: skip
     metrics = train(args)
-    path = pathlib.Path(__file__).parents[1] / "benchmarks" / "int8.py"
-    spec = importlib.util.spec_from_file_location("int8_benchmark", path)
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    bench = load_benchmark("int8")
     rows = bench.run(out, bench.validation_batches(out), prompt_len=8, new=4, rounds=1, max_batches=None)
     fp32 = rows[0]
     assert fp32["ppl"] == pytest.approx(metrics["val_perplexity"], rel=1e-4)
