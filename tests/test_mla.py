@@ -184,3 +184,28 @@ def test_defaults_leave_ordinary_attention():
     assert cfg.kv_lora_rank is None and cfg.head_dim == 8 and cfg.effective_attention_scale == 8**-0.5
     model = swapformer.DecoderForCausalLM(cfg)
     assert type(model.model.layers[0].self_attn).__name__ == "Attention"
+
+
+def test_mla_benchmark_smoke(capsys):
+    """benchmarks/mla.py at a tiny size: the measured cache ratios are the ones the widths predict, and
+    both decode modes give the same logits at every context."""
+    import importlib.util
+    import pathlib
+
+    path = pathlib.Path(__file__).parents[1] / "benchmarks" / "mla.py"
+    spec = importlib.util.spec_from_file_location("mla_benchmark", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    bench.main(["--hidden", "32", "--heads", "4", "--kv-lora-rank", "16", "--q-lora-rank", "24", "--vocab", "50"]
+               + ["--contexts", "8", "24", "--prompt", "6", "--rounds", "1"])  # fmt: skip
+    out = capsys.readouterr().out
+    rows = {
+        line.split()[0]: line.split()
+        for line in out.splitlines()
+        if line[:4] in ("MHA ", "GQA ", "MLA ") and "decode" not in line
+    }
+    # per token and layer: MHA 2*4*8 = 64, GQA 2*2*8 = 32, MLA 16 + 4 = 20 numbers; 2 layers, 4 bytes
+    assert rows["MHA"][1:4] == ["512", "3.20x", "3.20x"] and rows["MLA"][1] == "160"
+    assert rows["GQA"][-3:] == ["256", "1.60x", "1.60x"]
+    decode = [line.split() for line in out.splitlines() if line.strip().split(" ")[0] in ("8", "24")]
+    assert len(decode) == 2 and all(float(row[-1]) <= 1e-5 for row in decode)
