@@ -209,3 +209,17 @@ def test_mla_benchmark_smoke(capsys):
     assert rows["GQA"][-3:] == ["256", "1.60x", "1.60x"]
     decode = [line.split() for line in out.splitlines() if line.strip().split(" ")[0] in ("8", "24")]
     assert len(decode) == 2 and all(float(row[-1]) <= 1e-5 for row in decode)
+
+
+@torch.no_grad()
+def test_static_and_int8_caches_hold_latents_and_generate_the_same_tokens():
+    from swapformer.modeling.int8_cache import Int8Cache
+
+    model = mla_model("sdpa")
+    ids, mask = batch()
+    kw = dict(attention_mask=mask, max_new_tokens=6, do_sample=False, pad_token_id=0)
+    dynamic = model.generate(ids, **kw)
+    assert torch.equal(model.generate(ids, cache_implementation="static", **kw), dynamic)
+    cache = Int8Cache(model.config)
+    assert torch.equal(model.generate(ids, cache=cache, **kw), dynamic)
+    assert cache.get_seq_length() == ids.shape[1] + 5
