@@ -597,6 +597,19 @@ class DecoderConfig(SwapformerConfig):
         if self.kv_lora_rank is not None and self.head_dim is None:
             self.head_dim = self.qk_rope_head_dim
         super().__post_init__(**kwargs)
+        if self.kv_lora_rank is not None:
+            # Per instance (never saved): MLA shards its query and up-projections by heads; the latent
+            # projection (kv_a_proj_with_mqa) is shared by all heads and stays whole on every rank.
+            attention = {
+                "q_proj" if self.q_lora_rank is None else "q_b_proj": "colwise",
+                "kv_b_proj": "colwise",
+            }
+            plan = {
+                k: v
+                for k, v in type(self).base_model_tp_plan.items()
+                if not k.endswith(("q_proj", "k_proj", "v_proj"))
+            }
+            self.base_model_tp_plan = {**plan, **{f"layers.*.self_attn.{k}": v for k, v in attention.items()}}
 
     def _validate(self) -> None:
         super()._validate()

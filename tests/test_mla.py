@@ -223,3 +223,42 @@ def test_static_and_int8_caches_hold_latents_and_generate_the_same_tokens():
     cache = Int8Cache(model.config)
     assert torch.equal(model.generate(ids, cache=cache, **kw), dynamic)
     assert cache.get_seq_length() == ids.shape[1] + 5
+
+
+MLA_OPTIONS = dict(
+    position_embedding_type="rope", kv_lora_rank=8, q_lora_rank=12, qk_nope_head_dim=6, qk_rope_head_dim=4,
+    v_head_dim=5, mlp_type="gated", hidden_act="silu",
+)  # fmt: skip
+
+
+@pytest.mark.parametrize("q_lora_rank", [12, None])
+def test_tensor_parallel_plan_shards_the_up_projections_by_heads(q_lora_rank):
+    import re
+
+    from conftest import tiny_config
+
+    config = tiny_config("decoder", **{**MLA_OPTIONS, "q_lora_rank": q_lora_rank})
+    model = build(swapformer.DecoderForCausalLM, config)
+    names = {name for name, _ in model.named_modules()}
+    for rule in model.tp_plan:
+        pattern = rule.replace(".", r"\.").replace("*", r"\d+")
+        assert any(re.fullmatch(pattern, n) for n in names), f"tp rule {rule} matches no module"
+    query = "q_proj" if q_lora_rank is None else "q_b_proj"
+    attention = {k.split(".")[-1]: v for k, v in model.tp_plan.items() if "self_attn" in k}
+    assert attention == {query: "colwise", "kv_b_proj": "colwise", "o_proj": "rowwise"}
+    assert "base_model_tp_plan" not in config.to_dict()
+
+
+@pytest.mark.slow
+def test_tensor_parallel_two_processes_with_latent_attention(tmp_path, report):
+    """tp_plan="auto" in 2 gloo processes: heads split over ranks, the latent whole on each; unsharded logits."""
+    from test_parallel import torchrun
+
+    from conftest import tiny_config
+
+    config = tiny_config("decoder", **MLA_OPTIONS)
+    build(swapformer.DecoderForCausalLM, config).save_pretrained(tmp_path / "model")
+    result = torchrun(2, "tp", "decoder", tmp_path / "model", out=tmp_path / "tp.json")
+    report("tensor-parallel vs unsharded logits (MLA)", result["diff"])
+    assert result["sharded"] >= 6 * config.num_hidden_layers  # q_b, kv_b, o, gate, up, down
+    assert result["diff"] <= 1e-5
