@@ -262,3 +262,23 @@ def test_tensor_parallel_two_processes_with_latent_attention(tmp_path, report):
     report("tensor-parallel vs unsharded logits (MLA)", result["diff"])
     assert result["sharded"] >= 6 * config.num_hidden_layers  # q_b, kv_b, o, gate, up, down
     assert result["diff"] <= 1e-5
+
+
+@pytest.mark.parametrize(
+    "cls, target",
+    [
+        (T.DeepseekV3Model, "DecoderModel"),
+        (T.DeepseekV3ForSequenceClassification, "DecoderForSequenceClassification"),
+    ],
+)
+def test_deepseek_v3_base_model_and_classifier_convert_and_back(cls, target, tmp_path):
+    src = save_source(cls, deepseek_config(num_labels=3), tmp_path / "src")
+    ours = convert(src, tmp_path / "ours", log=lambda line: None)
+    assert ours.target_class == target and ours.max_diff <= 1e-5
+    back = convert(tmp_path / "ours", tmp_path / "back", to_hf=True, log=lambda line: None)
+    assert back.target_class == cls.__name__ and back.max_diff <= 1e-5
+    original, returned = (
+        cls.from_pretrained(src).state_dict(),
+        cls.from_pretrained(tmp_path / "back").state_dict(),
+    )
+    assert original.keys() == returned.keys() and all(torch.equal(original[k], returned[k]) for k in original)
