@@ -616,6 +616,16 @@ class DecoderConfig(SwapformerConfig):
         _check_bool("rope_interleave", self.rope_interleave)
         _check_choice("mla_decode", self.mla_decode, ("absorbed", "decompressed"))
         if self.kv_lora_rank is None:
+            given = [
+                n
+                for n in ("q_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim")
+                if getattr(self, n)
+            ]
+            if given:
+                raise ValueError(
+                    f"{', '.join(f'{n}={getattr(self, n)}' for n in given)} only apply to multi-head latent attention, "
+                    "which kv_lora_rank turns on; set kv_lora_rank (DeepSeek-V3: 512) or leave them None"
+                )
             return
         for name in ("kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim"):
             value = getattr(self, name)

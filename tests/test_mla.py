@@ -172,6 +172,7 @@ def test_backends_without_latent_attention_are_refused_by_the_table(attn):
         (dict(position_embedding_type="alibi"), "needs position_embedding_type='rope'"),
         (dict(layer_types=["sliding_attention"] * 2, sliding_window=4), "full_attention layers only"),
         (dict(mla_decode="fast"), "mla_decode='fast'"),
+        (dict(kv_lora_rank=None), "q_lora_rank=12, qk_nope_head_dim=6.*set kv_lora_rank"),
     ],
 )
 def test_bad_latent_attention_configs_are_refused(kw, match):
