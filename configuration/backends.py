@@ -36,6 +36,7 @@ FEATURES = (
     "padding",
     "packing",
     "gqa",
+    "latent_attention",
     "dropout",
     "position_bias",
     "output_attentions",
@@ -56,6 +57,8 @@ class Capabilities:
     padding: bool = True
     packing: bool = True  # several sequences per row kept apart (restarting position_ids, cu_seq_lens_*)
     gqa: bool = True
+    # multi-head latent attention (DecoderConfig.kv_lora_rank): per-head keys wider than the values
+    latent_attention: bool = True
     dropout: bool = True
     position_bias: bool = True  # additive score biases: ALiBi, T5 relative bias
     # "native": the kernel returns the weights; "recomputed": swapformer recomputes them for the layers
@@ -102,6 +105,7 @@ BACKENDS: dict[str, Capabilities] = {
     "flash_attention_2": Capabilities(
         patterns=("full", "sliding"),
         position_bias=False,
+        latent_attention=False,  # flash-attn's kernels take one head width for q, k and v
         output_attentions="recomputed",
         devices=("cuda",),
         backward=("cuda",),
@@ -117,6 +121,7 @@ BACKENDS: dict[str, Capabilities] = {
         padding=False,
         packing=False,
         position_bias=False,
+        latent_attention=False,  # SDPA's FlashAttention kernel takes one head width for q, k and v
         dropout=True,
         output_attentions="recomputed",
         devices=("cuda",),
@@ -203,6 +208,7 @@ def model_needs(config) -> dict[str, bool]:
     causal = bool(getattr(config, "causal", False))
     return {
         "gqa": config.num_key_value_heads != config.num_attention_heads,
+        "latent_attention": getattr(config, "kv_lora_rank", None) is not None,
         "position_bias": config.position_embedding_type in ("alibi", "relative_bias"),
         "causal": causal,
         "bidirectional": not causal or encoder_decoder,

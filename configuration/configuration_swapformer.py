@@ -564,11 +564,109 @@ class EncoderConfig(SwapformerConfig):
 
 
 class DecoderConfig(SwapformerConfig):
-    """A causal decoder (GPT-2, Llama, Mistral-like)."""
+    """A causal decoder (GPT-2, Llama, Mistral, DeepSeek-V3-like).
+
+    Args:
+        kv_lora_rank: multi-head latent attention (MLA, DeepSeek-V2 https://arxiv.org/abs/2405.04434) when
+            set: keys and values are up-projected from one per-token latent of this width, which is what
+            the cache keeps (with the RoPE key); `None` (default) is ordinary attention. modeling/mla.py.
+        q_lora_rank: MLA queries go through a latent of this width (`None`: one query projection).
+        qk_nope_head_dim, qk_rope_head_dim, v_head_dim: MLA's per-head widths of the query/key part
+            without RoPE, of the RoPE part (shared by all heads on the key side) and of the values.
+            `head_dim` is the RoPE part's width under MLA (it sizes the RoPE frequencies, as in DeepSeek).
+        rope_interleave: MLA's RoPE pairs are interleaved dims (x0, x1), (x2, x3), ... (DeepSeek's
+            checkpoints) rather than halves.
+        mla_decode: `"absorbed"` (default) decodes from the latent cache with the key up-projection folded
+            into the query and the value up-projection into the output; `"decompressed"` up-projects
+            every cached latent at every step (the reference; slower).
+    """
 
     model_type = "swapformer_decoder"
 
+    kv_lora_rank: int | None = None
+    q_lora_rank: int | None = None
+    qk_nope_head_dim: int | None = None
+    qk_rope_head_dim: int | None = None
+    v_head_dim: int | None = None
+    rope_interleave: bool = False
+    mla_decode: str = "absorbed"
+
     causal = True
+
+    def __post_init__(self, **kwargs):
+        if self.kv_lora_rank is not None and self.head_dim is None:
+            self.head_dim = self.qk_rope_head_dim
+        super().__post_init__(**kwargs)
+        if self.kv_lora_rank is not None:
+            # Per instance (never saved): MLA shards its query and up-projections by heads; the latent
+            # projection (kv_a_proj_with_mqa) is shared by all heads and stays whole on every rank.
+            attention = {
+                "q_proj" if self.q_lora_rank is None else "q_b_proj": "colwise",
+                "kv_b_proj": "colwise",
+            }
+            plan = {
+                k: v
+                for k, v in type(self).base_model_tp_plan.items()
+                if not k.endswith(("q_proj", "k_proj", "v_proj"))
+            }
+            self.base_model_tp_plan = {**plan, **{f"layers.*.self_attn.{k}": v for k, v in attention.items()}}
+
+    def _validate(self) -> None:
+        super()._validate()
+        _check_bool("rope_interleave", self.rope_interleave)
+        _check_choice("mla_decode", self.mla_decode, ("absorbed", "decompressed"))
+        if self.kv_lora_rank is None:
+            given = [
+                n
+                for n in ("q_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim")
+                if getattr(self, n)
+            ]
+            if given:
+                raise ValueError(
+                    f"{', '.join(f'{n}={getattr(self, n)}' for n in given)} only apply to multi-head latent attention, "
+                    "which kv_lora_rank turns on; set kv_lora_rank (DeepSeek-V3: 512) or leave them None"
+                )
+            return
+        for name in ("kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim"):
+            value = getattr(self, name)
+            if value is None:
+                raise ValueError(
+                    f"kv_lora_rank={self.kv_lora_rank} (multi-head latent attention) needs {name}; "
+                    "set it (DeepSeek-V3: qk_nope_head_dim=128, qk_rope_head_dim=64, v_head_dim=128)"
+                )
+            _check_int(name, value, 1)
+        if self.q_lora_rank is not None:
+            _check_int("q_lora_rank", self.q_lora_rank, 1)
+        if self.position_embedding_type != "rope" or self.qk_rope_head_dim % 2:
+            raise ValueError(
+                f"kv_lora_rank={self.kv_lora_rank} (multi-head latent attention) needs position_embedding_type="
+                f"'rope' and an even qk_rope_head_dim; got {self.position_embedding_type!r} and "
+                f"qk_rope_head_dim={self.qk_rope_head_dim}"
+            )
+        if self.head_dim != self.qk_rope_head_dim:
+            raise ValueError(
+                f"Under multi-head latent attention head_dim is the RoPE part's width: head_dim={self.head_dim} "
+                f"!= qk_rope_head_dim={self.qk_rope_head_dim}; leave head_dim=None or set it equal"
+            )
+        if set(self.layer_types) != {"full_attention"}:
+            raise ValueError(
+                f"Multi-head latent attention runs full_attention layers only; layer_types={self.layer_types}. "
+                "Use layer_types=None (all full) or kv_lora_rank=None"
+            )
+
+    @property
+    def effective_attention_scale(self) -> float:
+        """Under MLA: (qk_nope_head_dim + qk_rope_head_dim) ** -0.5, times DeepSeek's YaRN `mscale_all_dim`
+        correction squared when RoPE is scaled (as transformers' DeepseekV3Attention)."""
+        if self.kv_lora_rank is None or self.attention_scale is not None:
+            return super().effective_attention_scale
+        scale = (self.qk_nope_head_dim + self.qk_rope_head_dim) ** -0.5
+        params = self.rope_parameters
+        if params.get("rope_type", "default") != "default" and params.get("mscale_all_dim"):
+            factor = params["factor"]
+            mscale = 0.1 * params["mscale_all_dim"] * math.log(factor) + 1.0 if factor > 1 else 1.0
+            scale *= mscale * mscale
+        return scale
 
 
 class Seq2SeqConfig(SwapformerConfig):

@@ -179,7 +179,7 @@ def sdpa_attention(module, query, key, value, mask, scaling, dropout):
         elif mask is not None:
             mask = mask.expand(batch, 1, t, mask.shape[-1]).repeat(1, 1, groups, 1)
         out = F.scaled_dot_product_attention(q, key, value, attn_mask=mask, dropout_p=dropout, scale=scaling)
-        out = out.view(batch, heads, t, d)
+        out = out.view(batch, heads, t, -1)  # the values' width, which may differ from d (MLA)
     else:
         if groups > 1:
             key = key.repeat_interleave(groups, dim=1)

@@ -20,6 +20,7 @@ from ..configuration.configuration_swapformer import GLOBAL_KINDS
 from .attention import attention_weights, call_attention
 from .global_rows import global_rows
 from .hf_compat import ACT2FN
+from .mla import LatentAttention
 from .plan import LayerPlan
 from .positions import apply_rope
 
@@ -242,7 +243,9 @@ class Block(GradientCheckpointingLayer):
         super().__init__()
         self.pre_norm = config.pre_norm
         self.layer_type = layer_type
-        self.self_attn = Attention(config, layer_idx, is_causal=is_causal, layer_type=layer_type)
+        # multi-head latent attention (mla.py) when a decoder config sets kv_lora_rank
+        attention = LatentAttention if getattr(config, "kv_lora_rank", None) is not None else Attention
+        self.self_attn = attention(config, layer_idx, is_causal=is_causal, layer_type=layer_type)
         self.self_attn_norm = make_norm(config)
         self.cross_attn = (
             Attention(config, layer_idx, is_causal=False, layer_type=layer_type, is_cross_attention=True)

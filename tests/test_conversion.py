@@ -370,7 +370,7 @@ def test_unsupported_model_type_lists_the_supported_ones(tmp_path):
     refused(
         src,
         tmp_path / "out",
-        "model_type='opt'; supported: bart, bert, big_bird, gpt2, llama, longformer, mistral, roberta, t5",
+        "model_type='opt'; supported: bart, bert, big_bird, deepseek_v3, gpt2, llama, longformer, mistral, roberta, t5",
     )
 
 

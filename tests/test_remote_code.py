@@ -37,6 +37,20 @@ CASES = {
         "AutoModelForCausalLM",
         dict(position_embedding_type="rope", num_key_value_heads=2),
     ),
+    # multi-head latent attention (mla.py)
+    "decoder-mla": (
+        swapformer.DecoderForCausalLM,
+        "AutoModelForCausalLM",
+        dict(
+            position_embedding_type="rope",
+            kv_lora_rank=8,
+            q_lora_rank=12,
+            qk_nope_head_dim=6,
+            qk_rope_head_dim=4,
+            v_head_dim=5,
+            rope_interleave=True,
+        ),
+    ),
     "seq2seq": (
         swapformer.Seq2SeqForConditionalGeneration,
         "AutoModelForSeq2SeqLM",
