@@ -188,3 +188,25 @@ def sdpa_attention(module, query, key, value, mask, scaling, dropout):
             query, key, value, attn_mask=mask, dropout_p=dropout, scale=scaling, is_causal=is_causal
         )
     return out.transpose(1, 2).contiguous()
+
+
+def run_planned(module, plan, q, k, v, attention_mask, output_attentions: bool, **kwargs):
+    """The attention of `module` through its `LayerPlan`'s backend function: (output (B, T, H, D), the
+    probabilities when `output_attentions`, recomputed for this layer where the kernel returns none)."""
+    out, weights = call_attention(
+        plan.attention_fn,
+        plan.backend,
+        plan.pattern.kind,
+        module,
+        q,
+        k,
+        v,
+        attention_mask,
+        scaling=module.scaling,
+        dropout=module.attention_dropout if module.training else 0.0,
+        **kwargs,
+        **plan.kernel_kwargs,
+    )
+    if output_attentions and weights is None:
+        weights = attention_weights(module, q, k, plan.pattern, module.scaling).to(q.dtype)
+    return out, weights

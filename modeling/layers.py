@@ -17,7 +17,7 @@ from transformers.modeling_layers import GradientCheckpointingLayer
 
 from ..configuration.backends import LAYER_TYPE_PATTERN
 from ..configuration.configuration_swapformer import GLOBAL_KINDS
-from .attention import attention_weights, call_attention
+from .attention import run_planned
 from .global_rows import global_rows
 from .hf_compat import ACT2FN
 from .mla import LatentAttention
@@ -202,23 +202,9 @@ class Attention(nn.Module):
                 q, k = apply_rope(q, *plan.rope), apply_rope(k, *plan.rope)
             k, v = plan.cache.append(k, v, self.layer_idx)
 
-        out, weights = call_attention(
-            plan.attention_fn,
-            plan.backend,
-            plan.pattern.kind,
-            self,
-            q,
-            k,
-            v,
-            attention_mask,
-            scaling=self.scaling,
-            dropout=self.attention_dropout if self.training else 0.0,
-            sliding_window=self.sliding_window,
-            **plan.kernel_kwargs,
+        out, weights = run_planned(
+            self, plan, q, k, v, attention_mask, output_attentions, sliding_window=self.sliding_window
         )
-        if output_attentions and weights is None:
-            # Fast kernels do not return probabilities: recompute them for this layer only.
-            weights = attention_weights(self, q, k, plan.pattern, self.scaling).to(q.dtype)
         if self.global_projections and plan.pattern.global_queries is not None:
             out, weights = global_rows(self, hidden_states, out, weights, plan.pattern, plan.rope)
         out = self.o_proj(out.reshape(b, t, -1))  # (B, T, E)

@@ -23,7 +23,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from .attention import attention_weights, call_attention
+from .attention import run_planned
 from .plan import LayerPlan
 from .positions import apply_rope
 
@@ -151,20 +151,6 @@ class LatentAttention(nn.Module):
             out, weights = self.absorbed(q, latent, k_rope, plan.pattern, dropout)
         else:
             k, v = self.decompress(latent, k_rope)
-            out, weights = call_attention(
-                plan.attention_fn,
-                plan.backend,
-                plan.pattern.kind,
-                self,
-                q,
-                k,
-                v,
-                attention_mask,
-                scaling=self.scaling,
-                dropout=dropout,
-                **plan.kernel_kwargs,
-            )
-            if output_attentions and weights is None:
-                weights = attention_weights(self, q, k, plan.pattern, self.scaling).to(q.dtype)
+            out, weights = run_planned(self, plan, q, k, v, attention_mask, output_attentions)
         out = self.o_proj(out.reshape(b, t, -1))  # (B, T, E)
         return out, (weights if output_attentions else None)
