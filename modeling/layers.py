@@ -17,7 +17,7 @@ from transformers.modeling_layers import GradientCheckpointingLayer
 
 from ..configuration.backends import LAYER_TYPE_PATTERN
 from ..configuration.configuration_swapformer import GLOBAL_KINDS
-from .attention import attention_weights, call_attention
+from .attention import attention_probabilities, attention_weights, call_attention
 from .global_rows import global_rows
 from .hf_compat import ACT2FN
 from .plan import LayerPlan
@@ -200,6 +200,8 @@ class Attention(nn.Module):
             if plan.rope is not None:
                 q, k = apply_rope(q, *plan.rope), apply_rope(k, *plan.rope)
             k, v = plan.cache.append(k, v, self.layer_idx)
+            if plan.linformer is not None:  # Linformer: (B, K, S, D) -> (B, K, linformer_k, D); mask is None
+                k, v = plan.linformer.project(self.layer_idx, k, v, plan.pattern)
 
         out, weights = call_attention(
             plan.attention_fn,
@@ -215,7 +217,11 @@ class Attention(nn.Module):
             sliding_window=self.sliding_window,
             **plan.kernel_kwargs,
         )
-        if output_attentions and weights is None:
+        if output_attentions and weights is None and plan.linformer is not None:
+            weights = attention_probabilities(self, q, k, None, self.scaling).to(
+                q.dtype
+            )  # over projected rows
+        elif output_attentions and weights is None:
             # Fast kernels do not return probabilities: recompute them for this layer only.
             weights = attention_weights(self, q, k, plan.pattern, self.scaling).to(q.dtype)
         if self.global_projections and plan.pattern.global_queries is not None:
