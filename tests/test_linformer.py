@@ -275,3 +275,32 @@ def test_trainer_step_updates_the_projections(tmp_path):
     assert torch.isfinite(torch.tensor(result.training_loss))
     changed = (model.model.linformer.weight - before).abs()
     assert changed[..., :12].amax() > 0 and changed[..., 12:].amax() == 0
+
+
+@pytest.mark.slow
+def test_benchmark_smoke(capsys):
+    """benchmarks/linformer.py at tiny size: every case has a time and a memory figure, full attention is
+    its own reference (ratio 1), and the printed table has every row. Slow: ~35 s on a loaded machine,
+    most of it the memory child's imports."""
+    import importlib.util
+    import pathlib
+
+    path = pathlib.Path(__file__).parents[1] / "benchmarks" / "linformer.py"
+    if str(path.parent) not in sys.path:  # the benchmarks import their shared measure.py
+        sys.path.insert(0, str(path.parent))
+    spec = importlib.util.spec_from_file_location("linformer_benchmark", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    size = dict(hidden_size=32, num_attention_heads=4, intermediate_size=64)
+    rows = bench.table([32, 64], rounds=1, size=size, k=8)
+    assert [(r["n"], r["variant"], r["backend"]) for r in rows] == list(bench.cases([32, 64]))
+    assert len(rows) == 8
+    for r in rows:
+        assert r["ms"] > 0 and r["mib"] >= 0
+        if r["variant"] == "full":
+            assert r["time_ratio"] == 1.0
+    model = bench.model_for(64, "linformer", "sdpa", size=size, k=8)
+    assert model.linformer.weight.shape == (1, 8, 64)
+    bench.print_table(rows, 8)
+    out = capsys.readouterr().out
+    assert out.count("| linformer |") == 4 and "linformer_k=8" in out
