@@ -10,6 +10,7 @@ n_in columns of E and F (the choices modeling/linformer.py documents).
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -304,3 +305,38 @@ def test_benchmark_smoke(capsys):
     bench.print_table(rows, 8)
     out = capsys.readouterr().out
     assert out.count("| linformer |") == 4 and "linformer_k=8" in out
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA-only backends")
+@pytest.mark.parametrize("backend", ["sdpa_fa", "flash_attention_2"])
+def test_cuda_backends_equal_eager(backend):
+    """The table's CUDA rows: the projected rows need no mask, so FlashAttention kernels run Linformer
+    (padded batch, bfloat16, compared with eager in bfloat16). Not run on CPU-only machines."""
+    if backend == "flash_attention_2" and importlib.util.find_spec("flash_attn") is None:
+        pytest.skip("flash-attn is not installed")
+    ids, mask = padded_batch(length=12)
+    ids, mask = ids.cuda(), mask.cuda()
+    outs = {}
+    for name in ("eager", backend):
+        model = build(swapformer.EncoderModel, linformer_config()).to("cuda", torch.bfloat16)
+        model.set_attn_implementation(name)
+        with torch.no_grad():
+            outs[name] = model(ids, attention_mask=mask).last_hidden_state
+    assert max_diff(outs[backend], outs["eager"], mask) <= 5e-2
+
+
+def test_converting_back_to_transformers_is_refused(tmp_path):
+    """A converted BERT given Linformer has no BERT counterpart: --to-hf refuses, naming Linformer."""
+    from transformers import AutoModelForMaskedLM, BertConfig, BertForMaskedLM
+
+    from swapformer.conversion.checkpoint import ConversionError, convert
+
+    bert = BertConfig(
+        vocab_size=97, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=48
+    )
+    BertForMaskedLM(bert).save_pretrained(tmp_path / "bert")
+    convert(tmp_path / "bert", tmp_path / "ours", log=lambda s: None)
+    AutoModelForMaskedLM.from_pretrained(tmp_path / "ours", linformer_k=8).save_pretrained(tmp_path / "lin")
+    with pytest.raises(ConversionError, match=r"uses Linformer \(linformer_k=8\)"):
+        convert(tmp_path / "lin", tmp_path / "back", to_hf=True, log=lambda s: None)
+    assert not (tmp_path / "back").exists()
