@@ -217,10 +217,8 @@ class Attention(nn.Module):
             sliding_window=self.sliding_window,
             **plan.kernel_kwargs,
         )
-        if output_attentions and weights is None and plan.linformer is not None:
-            weights = attention_probabilities(self, q, k, None, self.scaling).to(
-                q.dtype
-            )  # over projected rows
+        if output_attentions and weights is None and plan.linformer is not None:  # over projected rows
+            weights = attention_probabilities(self, q, k, None, self.scaling).to(q.dtype)
         elif output_attentions and weights is None:
             # Fast kernels do not return probabilities: recompute them for this layer only.
             weights = attention_weights(self, q, k, plan.pattern, self.scaling).to(q.dtype)

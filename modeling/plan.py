@@ -62,10 +62,8 @@ class LayerPlan:
         """The plan of `pattern` on `backend`, whose mask is lowered from `lowered_from`: `pattern`, or
         `pattern` less the rows the layer computes itself (`pattern_for_backend`). With `linformer` the
         backend attends to projected rows that need no mask, and none is lowered."""
-        mask, kernel_kwargs = (
-            (None if linformer is not None else lower_mask(lowered_from, backend, dtype)),
-            {},
-        )
+        mask = None if linformer is not None else lower_mask(lowered_from, backend, dtype)
+        kernel_kwargs = {}
         if isinstance(mask, KernelMask):
             mask, kernel_kwargs = mask.mask, mask.kwargs
         attention_fn = ALL_ATTENTION_FUNCTIONS.get_interface(backend, eager_attention_forward)
