@@ -39,6 +39,7 @@ FEATURES = (
     "latent_attention",
     "dropout",
     "position_bias",
+    "linformer",
     "output_attentions",
     "kv_cache",
     "backward",
@@ -61,6 +62,9 @@ class Capabilities:
     latent_attention: bool = True
     dropout: bool = True
     position_bias: bool = True  # additive score biases: ALiBi, T5 relative bias
+    # Linformer's projected keys and values (config.linformer_k, modeling/linformer.py): dense attention
+    # over linformer_k rows without a mask, padding zeroed before the projection
+    linformer: bool = True
     # "native": the kernel returns the weights; "recomputed": swapformer recomputes them for the layers
     # asked, in chunks of queries, with eager's math
     output_attentions: str = "native"
@@ -94,13 +98,15 @@ BACKENDS: dict[str, Capabilities] = {
     "flex_attention": Capabilities(
         dropout=False,
         position_bias=False,
+        linformer=False,
         output_attentions="recomputed",
         backward=("cuda",),
         compile=("cuda",),
         no_compile="torch inductor cannot lower flex attention inside a compiled model on CPU (flex compiles its own "
         "kernel when the model runs uncompiled)",
         note="torch flex_attention with the pattern as a BlockMask; compiled on first use (~15 s on CPU); "
-        "attention_dropout applies only in training, which flex refuses",
+        "attention_dropout applies only in training, which flex refuses; Linformer layers are not wired to it "
+        "(their projected rows have no token pattern to lower)",
     ),
     "flash_attention_2": Capabilities(
         patterns=("full", "sliding"),
@@ -131,6 +137,10 @@ BACKENDS: dict[str, Capabilities] = {
         note="torch SDPA pinned to its FlashAttention kernel, for CUDA machines without flash-attn; no masks but causality",
     ),
 }
+
+
+# How a refusal names a feature, where its column name is not enough.
+DESCRIPTIONS = {"linformer": "Linformer's projected keys and values (linformer_k)"}
 
 
 def runs_everything(caps: Capabilities) -> bool:
@@ -213,6 +223,7 @@ def model_needs(config) -> dict[str, bool]:
         "causal": causal,
         "bidirectional": not causal or encoder_decoder,
         "cross_attention": encoder_decoder,
+        "linformer": getattr(config, "linformer_k", None) is not None,
     }
 
 
@@ -229,7 +240,7 @@ def check_backend_for_config(name: str, config) -> None:
         pattern = LAYER_TYPE_PATTERN[layer_type]
         require(backend, f"pattern:{pattern}", f"{pattern!r} attention ({layer_type} layers)")
         for feature in needs:
-            require(backend, feature, feature)
+            require(backend, feature, DESCRIPTIONS.get(feature, feature))
 
 
 def check_batch_feature(backend: str, feature: str, description: str) -> None:

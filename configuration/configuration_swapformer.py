@@ -36,6 +36,10 @@ ACTIVATIONS = (
     "tanh",
 )
 INITIALIZERS = ("normal", "xavier")
+# Linformer's sharing of its projections E, F (Wang et al. 2020, section 4): one matrix for keys and values
+# of every layer and head ("layerwise"), one per layer for keys and values ("key_value"), or one E and one
+# F per layer ("headwise": shared by the heads of a layer only)
+LINFORMER_SHARING = ("layerwise", "key_value", "headwise")
 # RoPE variants of transformers' `rope_parameters` that swapformer computes (with transformers' own
 # ROPE_INIT_FUNCTIONS), and the keys each needs besides `rope_type` and `rope_theta`.
 ROPE_TYPES = {
@@ -182,6 +186,15 @@ class SwapformerConfig(PreTrainedConfig):
             ordinary projections would give it; other queries attend to global keys through the
             ordinary projections. Only with `sliding_global_attention` or `bigbird_attention` layers
             and bidirectional self-attention (an encoder, the encoder of a seq2seq).
+        linformer_k: Linformer (https://arxiv.org/abs/2006.04768): keys and values of every layer are
+            projected along the sequence axis to `linformer_k` rows, K' = E K and V' = F V with E, F of
+            shape (linformer_k, max_position_embeddings), so attention costs O(n * linformer_k). A
+            sequence of n <= max_position_embeddings tokens uses the first n columns of E and F; padded
+            keys and values are zeroed before the projection. Encoders only (every query sees every key),
+            `full_attention` layers, no ALiBi or T5 bias. `None` (the default) is ordinary attention.
+        linformer_sharing: which projections are shared (Wang et al., section 4): `"layerwise"` (one
+            matrix, E = F, for every layer and head), `"key_value"` (one per layer, E = F) or
+            `"headwise"` (an E and an F per layer, shared by its heads).
     """
 
     model_type = "swapformer"
@@ -233,6 +246,8 @@ class SwapformerConfig(PreTrainedConfig):
     num_random_blocks: int = 3
     random_seed: int = 0
     global_projections: bool = False
+    linformer_k: int | None = None
+    linformer_sharing: str = "layerwise"
     use_cache: bool = True
     pad_token_id: int | None = None
     bos_token_id: int | None = None
@@ -373,6 +388,7 @@ class SwapformerConfig(PreTrainedConfig):
             _check_bool(name, getattr(self, name))
         if self.global_projections:
             self._check_global_projections()
+        self._check_linformer()
         for name in self._token_id_fields():
             self._check_token_id(name, getattr(self, name))
 
@@ -392,6 +408,40 @@ class SwapformerConfig(PreTrainedConfig):
             raise ValueError(
                 f"global_projections=True needs layers with global tokens, but layer_types={self.layer_types} has "
                 "none; use 'sliding_global_attention' or 'bigbird_attention' layers, or global_projections=False"
+            )
+
+    def _check_linformer(self) -> None:
+        """`linformer_k`: a bidirectional stack of full layers without a position bias (see the class doc)."""
+        _check_choice("linformer_sharing", self.linformer_sharing, LINFORMER_SHARING)
+        k = self.linformer_k
+        if k is None:
+            return
+        _check_int("linformer_k", k, 1)
+        if k > self.max_position_embeddings:
+            raise ValueError(
+                f"linformer_k={k} exceeds max_position_embeddings={self.max_position_embeddings}, the longest "
+                "sequence E and F project: it would keep more rows than there are tokens; use a smaller "
+                "linformer_k (Wang et al. use 128 or 256 for 512 tokens)"
+            )
+        if self.causal:
+            what = "an encoder-decoder's decoder" if self.is_encoder_decoder else "a decoder"
+            raise ValueError(
+                f"linformer_k={k} needs bidirectional self-attention, and {what} is causal: E and F mix every "
+                "position of the sequence into each projected key and value, later tokens included, so no "
+                "causal mask can apply. Use an EncoderConfig with linformer_k, or linformer_k=None"
+            )
+        other = sorted({t for t in self.layer_types if t != "full_attention"})
+        if other:
+            raise ValueError(
+                f"linformer_k={k} replaces the keys of full_attention layers by projected rows, but layer_types "
+                f"has {other[0]!r} layers, whose window needs token keys; use full_attention layers, or "
+                "linformer_k=None"
+            )
+        if self.position_embedding_type in ("alibi", "relative_bias"):
+            raise ValueError(
+                f"linformer_k={k} cannot take position_embedding_type={self.position_embedding_type!r}: its bias "
+                "is per (query, key) token pair, and projected keys are mixtures of tokens; use 'learned', "
+                "'sinusoidal' or 'rope' positions, or linformer_k=None"
             )
 
     def _check_rope_parameters(self) -> None:

@@ -45,6 +45,13 @@ def _check_attention_layout(config, again, src: Path, family: str) -> None:
     """Refuse to convert back a model whose attention the family cannot express (a long model made by
     stretch.py): the family's model would attend where this one does not, and the verification batch,
     shorter than the window, would not notice."""
+    if getattr(config, "linformer_k", None) is not None:
+        raise ConversionError(
+            f"{src} uses Linformer (linformer_k={config.linformer_k}): its keys and values are projected along the "
+            f"sequence axis by weights {family} has no place for, and without them it computes another function. "
+            "A Linformer model stays in swapformer's format (it loads with trust_remote_code=True where swapformer "
+            "is not installed)"
+        )
     ours, theirs = _attention_layout(config), _attention_layout(again)
     if ours != theirs:
         raise ConversionError(

@@ -207,6 +207,8 @@ def run_planned(module, plan, q, k, v, attention_mask, output_attentions: bool, 
         **kwargs,
         **plan.kernel_kwargs,
     )
-    if output_attentions and weights is None:
+    if output_attentions and weights is None and plan.linformer is not None:  # over the projected rows
+        weights = attention_probabilities(module, q, k, None, module.scaling).to(q.dtype)
+    elif output_attentions and weights is None:
         weights = attention_weights(module, q, k, plan.pattern, module.scaling).to(q.dtype)
     return out, weights

@@ -201,6 +201,8 @@ class Attention(nn.Module):
             if plan.rope is not None:
                 q, k = apply_rope(q, *plan.rope), apply_rope(k, *plan.rope)
             k, v = plan.cache.append(k, v, self.layer_idx)
+            if plan.linformer is not None:  # Linformer: (B, K, S, D) -> (B, K, linformer_k, D); mask is None
+                k, v = plan.linformer.project(self.layer_idx, k, v, plan.pattern)
 
         out, weights = run_planned(
             self, plan, q, k, v, attention_mask, output_attentions, sliding_window=self.sliding_window

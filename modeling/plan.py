@@ -22,6 +22,7 @@ from ..configuration.configuration_swapformer import GLOBAL_KINDS
 from .attention import check_backend_for_batch, eager_attention_forward, lower_mask
 from .cache import CacheView, KeyGeometry
 from .hf_compat import ALL_ATTENTION_FUNCTIONS
+from .linformer import LinformerProjections
 from .masks import AttentionPattern, KernelMask, random_layouts
 from .packing import PackedSequences, check_cross_packing
 from .positions import Positions, new_columns, rope_cos_sin
@@ -40,6 +41,8 @@ class LayerPlan:
             beside it (flash-attention's varlen boundaries of packed rows).
         rope: the (cos, sin) pair (B, T, D) queries and keys are rotated by, or None.
         cache: the cache the layers append their keys to (cross-attention: keep the encoder's in).
+        linformer: the stack's Linformer projections (linformer.py) when `config.linformer_k` is set; the
+            layers project their keys and values with them, and no mask is lowered (`mask` is None).
     """
 
     layer_type: str
@@ -50,16 +53,21 @@ class LayerPlan:
     kernel_kwargs: dict
     rope: tuple[torch.Tensor, torch.Tensor] | None
     cache: CacheView
+    linformer: LinformerProjections | None = None
 
     @classmethod
-    def make(cls, layer_type, pattern, lowered_from, backend, dtype, rope, cache) -> LayerPlan:
+    def make(
+        cls, layer_type, pattern, lowered_from, backend, dtype, rope, cache, linformer=None
+    ) -> LayerPlan:
         """The plan of `pattern` on `backend`, whose mask is lowered from `lowered_from`: `pattern`, or
-        `pattern` less the rows the layer computes itself (`pattern_for_backend`)."""
-        mask, kernel_kwargs = lower_mask(lowered_from, backend, dtype), {}
+        `pattern` less the rows the layer computes itself (`pattern_for_backend`). With `linformer` the
+        backend attends to projected rows that need no mask, and none is lowered."""
+        mask = None if linformer is not None else lower_mask(lowered_from, backend, dtype)
+        kernel_kwargs = {}
         if isinstance(mask, KernelMask):
             mask, kernel_kwargs = mask.mask, mask.kwargs
         attention_fn = ALL_ATTENTION_FUNCTIONS.get_interface(backend, eager_attention_forward)
-        return cls(layer_type, pattern, backend, attention_fn, mask, kernel_kwargs, rope, cache)
+        return cls(layer_type, pattern, backend, attention_fn, mask, kernel_kwargs, rope, cache, linformer)
 
 
 @dataclass(frozen=True)
@@ -103,8 +111,11 @@ class ForwardPlan:
                 )
         for lt, pattern in patterns.items():
             check_backend_for_batch(backends[lt], pattern.kind, stack, positions.device)
+        linformer = getattr(stack, "linformer", None)
         layers = {
-            lt: LayerPlan.make(lt, p, pattern_for_backend(stack, lt, p), backends[lt], dtype, rope, cache)
+            lt: LayerPlan.make(
+                lt, p, pattern_for_backend(stack, lt, p), backends[lt], dtype, rope, cache, linformer
+            )
             for lt, p in patterns.items()
         }
         cross = {}

@@ -20,6 +20,7 @@ from transformers.utils import logging
 from .cache import CacheView
 from .checks import check_global_mask, validate_inputs
 from .layers import Block, make_norm
+from .linformer import LinformerProjections
 from .packing import PackedSequences
 from .plan import ForwardPlan
 from .positions import Positions, alibi_bias, relative_position_bucket, sinusoidal_embedding
@@ -72,6 +73,12 @@ class StackMixin:
             ]
         )
         self.norm = make_norm(config) if config.pre_norm else None
+        # Linformer's E and F (the config allows linformer_k on bidirectional stacks only)
+        self.linformer = (
+            LinformerProjections(config, num_layers)
+            if getattr(config, "linformer_k", None) is not None and not causal
+            else None
+        )
 
     # Embeddings and the position bias ---------------------------------------------------------
 

@@ -151,6 +151,12 @@ CASES = [
         for kind in ("alibi", "relative_bias")
     ),
     Case(
+        "linformer",
+        "linformer",
+        lambda c: c.linformer,
+        hidden("encoder", pattern="full", position_embedding_type="learned", linformer_k=5),
+    ),
+    Case(
         "output_attentions",
         "output_attentions",
         lambda c: c.output_attentions in ("native", "recomputed"),
