@@ -13,7 +13,6 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
-import subprocess
 import sys
 
 import pytest
@@ -23,7 +22,7 @@ from test_remote_code import SCRIPT
 
 import swapformer
 
-from conftest import build, max_diff, padded_batch, tiny_config
+from conftest import build, max_diff, padded_batch, run_python, tiny_config
 
 TOL = 1e-5
 SHARINGS = ("layerwise", "key_value", "headwise")
@@ -244,16 +243,9 @@ def test_remote_code_loads_without_swapformer(tmp_path):
     save_file({"ids": ids, "mask": mask, "logits": logits.contiguous()}, tmp_path / "io.safetensors")
     env = dict(os.environ, HF_MODULES_CACHE=str(tmp_path / "modules"), HF_HUB_OFFLINE="1")
     env.pop("PYTHONPATH", None)
-    run = subprocess.run(
-        [sys.executable, "-c", SCRIPT, str(folder), "AutoModelForMaskedLM", "encoder"],
-        capture_output=True,
-        text=True,
-        cwd=tmp_path,
-        env=env,
-        timeout=300,
+    result = run_python(
+        SCRIPT, folder, "AutoModelForMaskedLM", "encoder", env=env, tag="REPORT", cwd=tmp_path
     )
-    assert run.returncode == 0, run.stderr[-3000:]
-    result = json.loads(run.stdout.split("REPORT ", 1)[1])
     assert result["class"].startswith("transformers_modules."), result["class"]
     assert result["sdpa"] <= TOL and result["eager"] <= TOL
 
