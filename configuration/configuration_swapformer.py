@@ -182,6 +182,8 @@ class SwapformerConfig(PreTrainedConfig):
             ordinary projections would give it; other queries attend to global keys through the
             ordinary projections. Only with `sliding_global_attention` or `bigbird_attention` layers
             and bidirectional self-attention (an encoder, the encoder of a seq2seq).
+        attention_sinks: each self-attention layer learns `sinks`, one logit per query head that joins
+            the softmax's denominator and carries no value (gpt-oss's attention sinks; modeling/sinks.py).
     """
 
     model_type = "swapformer"
@@ -233,6 +235,7 @@ class SwapformerConfig(PreTrainedConfig):
     num_random_blocks: int = 3
     random_seed: int = 0
     global_projections: bool = False
+    attention_sinks: bool = False
     use_cache: bool = True
     pad_token_id: int | None = None
     bos_token_id: int | None = None
@@ -369,6 +372,7 @@ class SwapformerConfig(PreTrainedConfig):
             "final_dropout",
             "embedding_dropout_first",
             "global_projections",
+            "attention_sinks",
         ):
             _check_bool(name, getattr(self, name))
         if self.global_projections:

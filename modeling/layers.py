@@ -11,6 +11,8 @@ attention function its `LayerPlan` holds, with the mask lowered for it.
 
 from __future__ import annotations
 
+from functools import partial
+
 import torch
 from torch import nn
 from transformers.modeling_layers import GradientCheckpointingLayer
@@ -22,6 +24,8 @@ from .global_rows import global_rows
 from .hf_compat import ACT2FN
 from .plan import LayerPlan
 from .positions import apply_rope
+from .sinks import NATIVE as NATIVE_SINKS
+from .sinks import attend_with_sinks
 
 # Norms ---------------------------------------------------------------------------------------------
 
@@ -163,6 +167,12 @@ class Attention(nn.Module):
             and not is_cross_attention
             and not is_causal
         )
+        # gpt-oss's learned sinks (sinks.py): one logit per query head, self-attention only
+        self.sinks = (
+            nn.Parameter(torch.zeros(self.num_heads))
+            if config.attention_sinks and not is_cross_attention
+            else None
+        )
         if self.global_projections:
             self.q_global_proj = nn.Linear(e, self.num_heads * d, bias=bias)
             self.k_global_proj = nn.Linear(e, self.num_key_value_heads * d, bias=bias)
@@ -201,8 +211,11 @@ class Attention(nn.Module):
                 q, k = apply_rope(q, *plan.rope), apply_rope(k, *plan.rope)
             k, v = plan.cache.append(k, v, self.layer_idx)
 
+        fn = plan.attention_fn
+        if self.sinks is not None and plan.backend not in NATIVE_SINKS:
+            fn = partial(attend_with_sinks, plan.attention_fn, pattern=plan.pattern)
         out, weights = call_attention(
-            plan.attention_fn,
+            fn,
             plan.backend,
             plan.pattern.kind,
             self,

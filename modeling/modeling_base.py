@@ -20,7 +20,7 @@ from ..configuration.configuration_swapformer import SwapformerConfig
 from .attention import check_backend_for_model
 from .cache import static_key_slots
 from .hf_compat import init
-from .layers import RMSNorm
+from .layers import Attention, RMSNorm
 from .remote_code import write_remote_code
 
 logger = logging.get_logger(__name__)
@@ -110,6 +110,8 @@ class SwapformerPreTrainedModel(PreTrainedModel):
             init.normal_(module.weight, mean=0.0, std=std)
             if module.padding_idx is not None and not getattr(module.weight, "_is_hf_initialized", False):
                 init.zeros_(module.weight[module.padding_idx])
+        elif isinstance(module, Attention) and module.sinks is not None:
+            init.normal_(module.sinks, mean=0.0, std=std)  # as gpt-oss initialises its sinks
         elif isinstance(module, (nn.LayerNorm, RMSNorm)):
             init.ones_(module.weight)
             if getattr(module, "bias", None) is not None:
