@@ -44,7 +44,9 @@ def sink_key_inputs(module: nn.Module, query, key, value, scaling: float):
     q2 = torch.cat([query, q_extra.expand(batch, heads, t, groups)], dim=-1)
     sinks = module.sinks.to(key.dtype).view(kv_heads, groups) / scaling  # (K, G)
     sink_key = torch.cat([key.new_zeros(kv_heads, d), sinks], dim=-1)  # (K, D+G)
-    k2 = torch.cat([F.pad(key, (0, groups)), sink_key[None, :, None].expand(batch, kv_heads, 1, d + groups)], 2)
+    k2 = torch.cat(
+        [F.pad(key, (0, groups)), sink_key[None, :, None].expand(batch, kv_heads, 1, d + groups)], 2
+    )
     v2 = F.pad(value, (0, groups, 0, 1))  # a zero value for the sink, zero columns to match the key width
     return q2, k2, v2
 
