@@ -37,7 +37,7 @@ def sink_key_inputs(module: nn.Module, query, key, value, scaling: float):
     """query (B, H, T, D), key and value (B, K, S, D) -> (B, H, T, D+G), (B, K, S+1, D+G) twice, the
     sink key last (see the module docstring)."""
     batch, heads, t, d = query.shape
-    kv_heads, s = key.shape[1], key.shape[2]
+    kv_heads = key.shape[1]
     groups = heads // kv_heads
     one_hot = torch.eye(groups, dtype=query.dtype, device=query.device)  # (G, G)
     q_extra = one_hot[None, :, None, :].expand(kv_heads, groups, t, groups).reshape(1, heads, t, groups)

@@ -214,3 +214,25 @@ def test_streaming_generation_past_trained_length_equals_uncached_oracle(backend
     visible = (k <= q) & ((k < SINK_TOKENS) | (q - k < WINDOW))
     for weights in maps:
         assert torch.equal(weights[0] != 0, visible.expand_as(weights[0]))
+
+
+def test_streaming_benchmark_smoke(capsys):
+    """benchmarks/sinks.py at a tiny size: the streaming cache stops growing once the sink tokens and the
+    window are in it, the full cache grows with every token; the table prints every row. No timing."""
+    import importlib.util
+    import pathlib
+    import sys
+
+    path = pathlib.Path(__file__).resolve().parents[1] / "benchmarks" / "sinks.py"
+    sys.path.insert(0, str(path.parent))  # the benchmarks import their shared measure.py
+    spec = importlib.util.spec_from_file_location("sinks_benchmark", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    argv = "--tokens 80 --prompt 4 --window 8 --sink-tokens 2 --max-positions 32 --sinks --marks 16 40 80"
+    rows = bench.main(argv.split())
+    assert [r["tokens"] for r in rows] == [16, 40, 80]
+    streaming = [r["streaming"]["cache_mib"] for r in rows]
+    full = [r["full"]["cache_mib"] for r in rows]
+    assert streaming[0] == streaming[1] == streaming[2]
+    assert full[2] == pytest.approx(5 * full[0]) and full[0] > streaming[0]
+    assert "| 80 |" in capsys.readouterr().out
