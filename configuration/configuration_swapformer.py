@@ -36,6 +36,8 @@ ACTIVATIONS = (
     "tanh",
 )
 INITIALIZERS = ("normal", "xavier")
+# Where a window + global cache puts its kept leading tokens (modeling/sinks.py: streaming sinks)
+STREAMING_POSITIONS = ("absolute", "cache")
 # RoPE variants of transformers' `rope_parameters` that swapformer computes (with transformers' own
 # ROPE_INIT_FUNCTIONS), and the keys each needs besides `rope_type` and `rope_theta`.
 ROPE_TYPES = {
@@ -182,6 +184,11 @@ class SwapformerConfig(PreTrainedConfig):
             ordinary projections would give it; other queries attend to global keys through the
             ordinary projections. Only with `sliding_global_attention` or `bigbird_attention` layers
             and bidirectional self-attention (an encoder, the encoder of a seq2seq).
+        streaming_positions: the positions the global (sink) tokens kept by a window + global cache
+            are rotated at once the cache dropped tokens after them: `"absolute"` (their own, 0..k-1) or
+            `"cache"` (StreamingLLM's positions within the cache, https://arxiv.org/abs/2309.17453: just
+            before the first window token the cache holds, so no query sees a sink further than the
+            window plus k). RoPE decoders with `sliding_global_attention` layers (modeling/sinks.py).
         attention_sinks: each self-attention layer learns `sinks`, one logit per query head that joins
             the softmax's denominator and carries no value (gpt-oss's attention sinks; modeling/sinks.py).
     """
@@ -236,6 +243,7 @@ class SwapformerConfig(PreTrainedConfig):
     random_seed: int = 0
     global_projections: bool = False
     attention_sinks: bool = False
+    streaming_positions: str = "absolute"
     use_cache: bool = True
     pad_token_id: int | None = None
     bos_token_id: int | None = None
@@ -377,6 +385,7 @@ class SwapformerConfig(PreTrainedConfig):
             _check_bool(name, getattr(self, name))
         if self.global_projections:
             self._check_global_projections()
+        self._check_streaming_positions()
         for name in self._token_id_fields():
             self._check_token_id(name, getattr(self, name))
 
@@ -396,6 +405,30 @@ class SwapformerConfig(PreTrainedConfig):
             raise ValueError(
                 f"global_projections=True needs layers with global tokens, but layer_types={self.layer_types} has "
                 "none; use 'sliding_global_attention' or 'bigbird_attention' layers, or global_projections=False"
+            )
+
+    def _check_streaming_positions(self) -> None:
+        """`streaming_positions="cache"` re-rotates the kept leading tokens of a window + global cache: a
+        causal decoder with such layers, RoPE of fixed frequencies."""
+        _check_choice("streaming_positions", self.streaming_positions, STREAMING_POSITIONS)
+        if self.streaming_positions == "absolute":
+            return
+        rope_type = (self.rope_parameters or {}).get("rope_type", "default")
+        needs = {
+            "a decoder (DecoderConfig)": self.causal and not self.is_encoder_decoder,
+            "position_embedding_type='rope'": self.position_embedding_type == "rope",
+            "a rope_type other than 'dynamic' (whose frequencies change with the length)": rope_type
+            != "dynamic",
+            "'sliding_global_attention' layers": "sliding_global_attention" in self.layer_types,
+            "global_tokens >= 1 (the sink tokens)": self.global_tokens >= 1,
+        }
+        missing = [need for need, met in needs.items() if not met]
+        if missing:
+            raise ValueError(
+                f"streaming_positions='cache' (StreamingLLM's positions within the cache) needs {'; '.join(missing)}; "
+                f"got {type(self).__name__} with position_embedding_type={self.position_embedding_type!r}, "
+                f"rope_type={rope_type!r}, layer_types={self.layer_types}, global_tokens={self.global_tokens}. "
+                "Fix those, or use streaming_positions='absolute'"
             )
 
     def _check_rope_parameters(self) -> None:

@@ -25,7 +25,7 @@ from .hf_compat import ACT2FN
 from .plan import LayerPlan
 from .positions import apply_rope
 from .sinks import NATIVE as NATIVE_SINKS
-from .sinks import attend_with_sinks
+from .sinks import attend_with_sinks, shift_sinks
 
 # Norms ---------------------------------------------------------------------------------------------
 
@@ -210,6 +210,8 @@ class Attention(nn.Module):
             if plan.rope is not None:
                 q, k = apply_rope(q, *plan.rope), apply_rope(k, *plan.rope)
             k, v = plan.cache.append(k, v, self.layer_idx)
+            if plan.sink_shift is not None:  # streaming sinks at their positions within the cache
+                k = shift_sinks(k, plan.pattern.key_prefix, *plan.sink_shift)
 
         fn = plan.attention_fn
         if self.sinks is not None and plan.backend not in NATIVE_SINKS:

@@ -25,6 +25,7 @@ from .hf_compat import ALL_ATTENTION_FUNCTIONS
 from .masks import AttentionPattern, KernelMask, random_layouts
 from .packing import PackedSequences, check_cross_packing
 from .positions import Positions, new_columns, rope_cos_sin
+from .sinks import sink_shift
 
 
 @dataclass(frozen=True)
@@ -40,6 +41,8 @@ class LayerPlan:
             beside it (flash-attention's varlen boundaries of packed rows).
         rope: the (cos, sin) pair (B, T, D) queries and keys are rotated by, or None.
         cache: the cache the layers append their keys to (cross-attention: keep the encoder's in).
+        sink_shift: the rotation of the kept leading keys of a window + global cache to StreamingLLM's
+            positions within the cache (`streaming_positions="cache"`, sinks.py), or None.
     """
 
     layer_type: str
@@ -50,16 +53,17 @@ class LayerPlan:
     kernel_kwargs: dict
     rope: tuple[torch.Tensor, torch.Tensor] | None
     cache: CacheView
+    sink_shift: tuple[torch.Tensor, torch.Tensor] | None = None  # streaming positions (sinks.py)
 
     @classmethod
-    def make(cls, layer_type, pattern, lowered_from, backend, dtype, rope, cache) -> LayerPlan:
+    def make(cls, layer_type, pattern, lowered_from, backend, dtype, rope, cache, shift=None) -> LayerPlan:
         """The plan of `pattern` on `backend`, whose mask is lowered from `lowered_from`: `pattern`, or
         `pattern` less the rows the layer computes itself (`pattern_for_backend`)."""
         mask, kernel_kwargs = lower_mask(lowered_from, backend, dtype), {}
         if isinstance(mask, KernelMask):
             mask, kernel_kwargs = mask.mask, mask.kwargs
         attention_fn = ALL_ATTENTION_FUNCTIONS.get_interface(backend, eager_attention_forward)
-        return cls(layer_type, pattern, backend, attention_fn, mask, kernel_kwargs, rope, cache)
+        return cls(layer_type, pattern, backend, attention_fn, mask, kernel_kwargs, rope, cache, shift)
 
 
 @dataclass(frozen=True)
@@ -104,7 +108,16 @@ class ForwardPlan:
         for lt, pattern in patterns.items():
             check_backend_for_batch(backends[lt], pattern.kind, stack, positions.device)
         layers = {
-            lt: LayerPlan.make(lt, p, pattern_for_backend(stack, lt, p), backends[lt], dtype, rope, cache)
+            lt: LayerPlan.make(
+                lt,
+                p,
+                pattern_for_backend(stack, lt, p),
+                backends[lt],
+                dtype,
+                rope,
+                cache,
+                sink_shift(config, p, dtype),
+            )
             for lt, p in patterns.items()
         }
         cross = {}

@@ -27,6 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .positions import apply_rope, rope_frequencies
 from .sparse_layout import BlockLayout
 
 # Backends that compute the definition themselves (attention_probabilities reads module.sinks).
@@ -100,3 +101,26 @@ def sink_probabilities(scores: torch.Tensor, sinks: torch.Tensor) -> torch.Tenso
     sink's column dropped: rows sum to less than 1; a row with no key is all zeros."""
     column = sinks.float().view(1, -1, 1, 1).expand(scores.shape[0], -1, scores.shape[2], 1)
     return torch.softmax(torch.cat([scores, column], dim=-1), dim=-1)[..., :-1]
+
+
+# Streaming sinks: StreamingLLM's positions within the cache (config.streaming_positions="cache") ------
+
+
+def sink_shift(config, pattern, dtype):
+    """The rotation that moves the kept leading (sink) keys of a window + global cache from their own
+    positions 0..k-1 to just before the first window key the cache holds (`pattern.key_offset`): by
+    key_offset - key_prefix positions, (cos, sin) of shape (1, 1, D). None when nothing was dropped
+    after them (the keys are then contiguous and keep their positions)."""
+    if config.streaming_positions != "cache" or pattern.kind != "sliding_global" or not pattern.key_prefix:
+        return None
+    shift = torch.tensor([[pattern.key_offset - pattern.key_prefix]], device=pattern.device)
+    inv_freq, _ = rope_frequencies(config, shift)  # a pure rotation: yarn's attention factor is in the keys
+    angles = shift[..., None].float() * inv_freq.float()
+    angles = torch.cat((angles, angles), dim=-1)
+    return angles.cos().to(dtype), angles.sin().to(dtype)
+
+
+def shift_sinks(key: torch.Tensor, prefix: int, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """`key` (B, K, S, D) with its first `prefix` keys rotated by (cos, sin); the cache keeps them as
+    they were, so each step rotates from their own positions."""
+    return torch.cat([apply_rope(key[:, :, :prefix], cos, sin), key[:, :, prefix:]], dim=2)

@@ -236,3 +236,77 @@ def test_streaming_benchmark_smoke(capsys):
     assert streaming[0] == streaming[1] == streaming[2]
     assert full[2] == pytest.approx(5 * full[0]) and full[0] > streaming[0]
     assert "| 80 |" in capsys.readouterr().out
+
+
+def rotate(x: torch.Tensor, shift: int, theta: float = 10000.0) -> torch.Tensor:
+    """x (..., D) rotated by `shift` positions of default RoPE (Llama's halves layout), from its definition."""
+    d = x.shape[-1]
+    angles = shift / theta ** (torch.arange(0, d, 2, dtype=torch.float64) / d)
+    cos, sin = torch.cat([angles.cos()] * 2).to(x.dtype), torch.cat([angles.sin()] * 2).to(x.dtype)
+    return x * cos + torch.cat([-x[..., d // 2 :], x[..., : d // 2]], dim=-1) * sin
+
+
+def streaming_oracle_attention(module, query, key, value, mask, scaling=None, dropout=0.0, **kwargs):
+    """Eager attention of one uncached sequence where query i sees the sink keys (the first
+    SINK_TOKENS) at StreamingLLM's positions within the cache: moved up by the tokens a cache of the sink
+    tokens + window would have dropped when i arrives, max(0, i - WINDOW + 1 - SINK_TOKENS)."""
+    groups = query.shape[1] // key.shape[1]
+    key, value = key.repeat_interleave(groups, 1), value.repeat_interleave(groups, 1)
+    rows = []
+    for i in range(query.shape[2]):
+        keys = key.clone()
+        keys[:, :, :SINK_TOKENS] = rotate(key[:, :, :SINK_TOKENS], max(0, i - WINDOW + 1 - SINK_TOKENS))
+        scores = (query[:, :, i : i + 1] @ keys.transpose(-1, -2)) * scaling + mask[:, :, i : i + 1]
+        if module.sinks is not None:
+            scores = torch.cat([scores, module.sinks.view(1, -1, 1, 1).expand(*scores.shape[:3], 1)], -1)
+        probs = torch.softmax(scores, dim=-1)[..., : key.shape[2]]
+        rows.append(probs @ value)
+    return torch.cat(rows, dim=2).transpose(1, 2).contiguous(), None
+
+
+@pytest.mark.parametrize("backend, learned", [("eager", False), ("sdpa", True), ("sparse", False)])
+def test_streaming_positions_in_cache_equal_oracle(backend, learned, monkeypatch):
+    """streaming_positions="cache": generate() past max_position_embeddings gives, at every step, the
+    logits of an uncached forward whose attention (written here from the definition) shows each query
+    the sink tokens at their positions within the cache; those differ from absolute positions."""
+    config = streaming_config(attention_sinks=learned, streaming_positions="cache")
+    model = build_with_sinks(swapformer.DecoderForCausalLM, config, backend)
+    ids = torch.randint(3, 97, (1, 5), generator=torch.Generator().manual_seed(0))
+    steps = 30
+    out = model.generate(
+        ids,
+        max_new_tokens=steps,
+        min_new_tokens=steps,
+        do_sample=False,
+        output_logits=True,
+        return_dict_in_generate=True,
+    )
+    oracle = build_with_sinks(swapformer.DecoderForCausalLM, config, "eager")
+    plain = build_with_sinks(
+        swapformer.DecoderForCausalLM, streaming_config(attention_sinks=learned), "eager"
+    )
+    with torch.no_grad():
+        absolute = plain(out.sequences, use_cache=False).logits
+        monkeypatch.setattr("swapformer.modeling.plan.eager_attention_forward", streaming_oracle_attention)
+        expected = oracle(out.sequences, use_cache=False).logits
+    got = torch.stack(out.logits, dim=1)  # (1, steps, V): step s predicts token 5 + s
+    assert max_diff(got, expected[:, 4 : 4 + steps]) <= 1e-4
+    assert max_diff(got, absolute[:, 4 : 4 + steps]) > 1e-3  # the positions matter
+
+
+def test_streaming_positions_refuse_what_they_cannot_do():
+    with pytest.raises(ValueError, match="streaming_positions='cache'.*position_embedding_type='rope'"):
+        streaming_config(streaming_positions="cache", position_embedding_type="alibi")
+    with pytest.raises(ValueError, match="streaming_positions='cache'.*'sliding_global_attention' layers"):
+        streaming_config(streaming_positions="cache", layer_types=["sliding_attention"] * 2)
+    with pytest.raises(ValueError, match="streaming_positions='cache'.*a decoder"):
+        tiny_config(
+            "encoder",
+            streaming_positions="cache",
+            position_embedding_type="rope",
+            layer_types=["sliding_global_attention"] * 2,
+            sliding_window=4,
+            global_tokens=1,
+        )
+    with pytest.raises(ValueError, match="streaming_positions"):
+        streaming_config(streaming_positions="window")
