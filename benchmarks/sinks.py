@@ -133,7 +133,6 @@ def main(argv=None) -> list[dict]:
         "--marks", type=int, nargs="+", default=[512, 1024, 2048, 4096, 8192, 16384, 32768], help="table rows"
     )
     args = parser.parse_args(argv)
-    torch.set_grad_enabled(False)
     print(f"machine: {machine()}")
     print(
         f"tiny decoder: {args.layers} layers, hidden {args.hidden}, {args.heads} heads, RoPE, max_position_embeddings="
