@@ -96,21 +96,22 @@ def run(args) -> list[dict]:
         for kind, stream in streams.items():
             row[kind] = {"ms": stream.interval(), "cache_mib": cache_mib(stream.cache)}
         rows.append(row)
+        print(table_row(row), flush=True)
     return rows
 
 
-def table(rows: list[dict]) -> str:
-    lines = [
-        "| tokens | streaming ms/token | full ms/token | full / streaming | streaming cache MiB | full cache MiB | process RSS MiB |",
-        "|---:|---:|---:|---:|---:|---:|---:|",
-    ]
-    for r in rows:
-        s, f = r["streaming"], r["full"]
-        lines.append(
-            f"| {r['tokens']} | {s['ms']:.2f} | {f['ms']:.2f} | {f['ms'] / s['ms']:.2f}x | "
-            f"{s['cache_mib']:.2f} | {f['cache_mib']:.2f} | {r['rss_mib']:.0f} |"
-        )
-    return "\n".join(lines)
+HEADER = (
+    "| tokens | streaming ms/token | full ms/token | full / streaming | streaming cache MiB | full cache MiB "
+    "| process RSS MiB |\n|---:|---:|---:|---:|---:|---:|---:|"
+)
+
+
+def table_row(r: dict) -> str:
+    s, f = r["streaming"], r["full"]
+    return (
+        f"| {r['tokens']} | {s['ms']:.2f} | {f['ms']:.2f} | {f['ms'] / s['ms']:.2f}x | "
+        f"{s['cache_mib']:.2f} | {f['cache_mib']:.2f} | {r['rss_mib']:.0f} |"
+    )
 
 
 def main(argv=None) -> list[dict]:
@@ -139,8 +140,8 @@ def main(argv=None) -> list[dict]:
         f"{args.max_positions}, attn={args.attn}, learned sinks={args.sinks}; streaming: {args.sink_tokens} sink "
         f"tokens + window {args.window}; prompt {args.prompt}, greedy, batch 1"
     )
+    print(HEADER, flush=True)  # rows print as they are measured
     rows = run(args)
-    print(table(rows))
     print(f"after: {machine()}")
     return rows
 
