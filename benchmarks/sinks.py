@@ -4,8 +4,8 @@
     python benchmarks/sinks.py --tokens 4096         # shorter
 
 Two tiny decoders with the same weights (RoPE, max_position_embeddings=2048: generation runs 16x past
-it), token by token with a cache, greedy, batch 1, both in one process and stepped in turn (streaming,
-then full, each step) so they share the machine's state:
+it), token by token with a cache, greedy, batch 1, both in one process, decoding in turn (64 tokens streaming,
+then 64 full, ...) so they share the machine's load:
 
 - streaming: every layer `sliding_global_attention` with global_tokens=k (the sink tokens) and
   sliding_window=w; its cache (GlobalWindowLayer) keeps the first k tokens and the last w - 1;
@@ -21,6 +21,7 @@ shared, so compare the two columns of one run, not runs.
 from __future__ import annotations
 
 import argparse
+import os
 import time
 
 import torch
@@ -28,6 +29,12 @@ from measure import machine, status_kib
 from transformers import DynamicCache
 
 import swapformer
+
+# Each model decodes this many tokens in turn: short enough that both see the same load, long enough
+# that one model's cache (full attention copies its whole cache at every step) does not slow the
+# other's steps (stepped one token each in turn, streaming's steps slowed as full's cache grew; alone
+# they stay flat).
+BLOCK = 64
 
 
 def build(kind: str, args) -> swapformer.DecoderForCausalLM:
@@ -89,10 +96,12 @@ def run(args) -> list[dict]:
     rows, length = [], args.prompt
     for mark in marks:
         while length < mark:
+            steps = min(BLOCK, mark - length)
             for stream in streams.values():
-                stream.step()
-            length += 1
-        row = {"tokens": length, "rss_mib": status_kib("VmRSS") / 1024}
+                for _ in range(steps):
+                    stream.step()
+            length += steps
+        row = {"tokens": length, "rss_mib": status_kib("VmRSS") / 1024, "load": os.getloadavg()[0]}
         for kind, stream in streams.items():
             row[kind] = {"ms": stream.interval(), "cache_mib": cache_mib(stream.cache)}
         rows.append(row)
@@ -102,7 +111,7 @@ def run(args) -> list[dict]:
 
 HEADER = (
     "| tokens | streaming ms/token | full ms/token | full / streaming | streaming cache MiB | full cache MiB "
-    "| process RSS MiB |\n|---:|---:|---:|---:|---:|---:|---:|"
+    "| process RSS MiB | load (1 min) |\n|---:|---:|---:|---:|---:|---:|---:|---:|"
 )
 
 
@@ -110,7 +119,7 @@ def table_row(r: dict) -> str:
     s, f = r["streaming"], r["full"]
     return (
         f"| {r['tokens']} | {s['ms']:.2f} | {f['ms']:.2f} | {f['ms'] / s['ms']:.2f}x | "
-        f"{s['cache_mib']:.2f} | {f['cache_mib']:.2f} | {r['rss_mib']:.0f} |"
+        f"{s['cache_mib']:.2f} | {f['cache_mib']:.2f} | {r['rss_mib']:.0f} | {r['load']:.1f} |"
     )
 
 

@@ -310,3 +310,20 @@ def test_streaming_positions_refuse_what_they_cannot_do():
         )
     with pytest.raises(ValueError, match="streaming_positions"):
         streaming_config(streaming_positions="window")
+
+
+@pytest.mark.parametrize("backend", ["eager", "sdpa"])
+def test_sinks_compile_fullgraph(backend):
+    """A model with learned sinks runs inside torch.compile(fullgraph=True) and gives its eager result."""
+    config = sink_config(
+        "decoder", "sliding_global_attention", num_key_value_heads=2, position_embedding_type="rope"
+    )
+    model = build_with_sinks(swapformer.DecoderModel, config, backend)
+    ids, mask = padded_batch(length=12, padding="left")
+    with torch.no_grad():
+        expected = model(ids, attention_mask=mask).last_hidden_state
+        got = torch.compile(model, fullgraph=True, backend="aot_eager")(
+            ids, attention_mask=mask
+        ).last_hidden_state
+    torch._dynamo.reset()
+    assert max_diff(got, expected) <= 1e-5
