@@ -34,9 +34,9 @@ from .sparse_layout import BlockLayout
 NATIVE = ("eager",)
 
 
-def sink_key_inputs(module: nn.Module, query, key, value, scaling: float):
+def sink_key_inputs(module: nn.Module, query, key, value, scaling: float, first: bool = False):
     """query (B, H, T, D), key and value (B, K, S, D) -> (B, H, T, D+G), (B, K, S+1, D+G) twice, the
-    sink key last (see the module docstring)."""
+    sink key last, or `first` (see the module docstring)."""
     batch, heads, t, d = query.shape
     kv_heads = key.shape[1]
     groups = heads // kv_heads
@@ -45,10 +45,10 @@ def sink_key_inputs(module: nn.Module, query, key, value, scaling: float):
     q2 = torch.cat([query, q_extra.expand(batch, heads, t, groups)], dim=-1)
     sinks = module.sinks.to(key.dtype).view(kv_heads, groups) / scaling  # (K, G)
     sink_key = torch.cat([key.new_zeros(kv_heads, d), sinks], dim=-1)  # (K, D+G)
-    k2 = torch.cat(
-        [F.pad(key, (0, groups)), sink_key[None, :, None].expand(batch, kv_heads, 1, d + groups)], 2
-    )
-    v2 = F.pad(value, (0, groups, 0, 1))  # a zero value for the sink, zero columns to match the key width
+    keys = [F.pad(key, (0, groups)), sink_key[None, :, None].expand(batch, kv_heads, 1, d + groups)]
+    k2 = torch.cat(keys[::-1] if first else keys, dim=2)
+    # a zero value for the sink, zero columns to match the key width
+    v2 = F.pad(value, (0, groups, 1, 0) if first else (0, groups, 0, 1))
     return q2, k2, v2
 
 
@@ -86,12 +86,18 @@ def sink_layout(layout: BlockLayout, key_length: int) -> BlockLayout:
 def attend_with_sinks(fn, module: nn.Module, query, key, value, mask, *, pattern, scaling, **kwargs):
     """Attention function `fn` of a kernel backend with `module.sinks` folded in as an extra key:
     returns (out (B, T, H, D), None); the weights, when asked, are recomputed with eager's math."""
-    d = query.shape[-1]
+    d, t = query.shape[-1], query.shape[2]
+    if mask is None and pattern.causal and 1 < t == key.shape[2]:
+        # `is_causal` alone (top-left aligned): the sink key first, and a dummy query row before the
+        # others, so query row i + 1 sees the sink and keys 0..i; the fused causal kernel stays in use
+        q2, k2, v2 = sink_key_inputs(module, query, key, value, scaling, first=True)
+        out, _ = fn(module, F.pad(q2, (0, 0, 1, 0)), k2, v2, None, scaling=scaling, **kwargs)
+        return out[:, 1:, :, :d], None
     q2, k2, v2 = sink_key_inputs(module, query, key, value, scaling)
     if isinstance(mask, BlockLayout):
         mask = sink_layout(mask, key.shape[2])
     else:
-        mask = sink_dense_mask(mask, pattern, query.shape[2])
+        mask = sink_dense_mask(mask, pattern, t)
     out, _ = fn(module, q2, k2, v2, mask, scaling=scaling, **kwargs)
     return out[..., :d], None
 
