@@ -15,8 +15,14 @@ those G columns, real keys get zeros there, and one extra key per kv head holds 
 query heads divided by the scale, with a zero value. Then q'.k'_sink * scale = sink_h for query head h,
 every real score is unchanged, and the extra key adds e^(sink_h) to the denominator and nothing to the
 numerator: the definition exactly, forward and backward (autograd reaches `sinks` through the key),
-with GQA left unexpanded. The mask gets one column, allowed for every row; a sparse `BlockLayout` gets
-the sink as one more global key (`sink_layout`). The cache stores the keys without the extra columns.
+with GQA left unexpanded. The mask gets one column, allowed for every row; an unpadded causal forward
+without a mask (`is_causal`, top-left aligned) puts the sink key first and a dummy query row before the
+queries instead, so the fused causal kernel stays in use; a sparse `BlockLayout` gets the sink as one
+more global key (`sink_layout`). The cache stores the keys without the extra columns.
+
+Streaming sinks (StreamingLLM) are a decoder of `sliding_global_attention` layers with global_tokens=k,
+whose cache (cache.py: GlobalWindowLayer) keeps the first k tokens and the window; `sink_shift` and
+`shift_sinks` give them StreamingLLM's positions within the cache (`streaming_positions="cache"`).
 """
 
 from __future__ import annotations
