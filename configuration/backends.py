@@ -43,6 +43,7 @@ FEATURES = (
     "output_attentions",
     "kv_cache",
     "backward",
+    "sinks",
     "compile",
     "devices",
     "dtypes",
@@ -70,6 +71,9 @@ class Capabilities:
     output_attentions: str = "native"
     kv_cache: bool = True
     backward: tuple[str, ...] = ("cpu", "cuda")  # devices where gradients flow
+    # learned attention sinks (config.attention_sinks): a logit per head in the softmax denominator
+    sinks: bool = True
+    no_sinks: str = ""  # why not, when `sinks` is False
     # devices where a model on this backend runs inside torch.compile(fullgraph=True) and torch.export,
     # and why not elsewhere (checked in the forward that runs compiled: only it knows)
     compile: tuple[str, ...] = ("cpu", "cuda")
@@ -104,6 +108,10 @@ BACKENDS: dict[str, Capabilities] = {
         compile=("cuda",),
         no_compile="torch inductor cannot lower flex attention inside a compiled model on CPU (flex compiles its own "
         "kernel when the model runs uncompiled)",
+        sinks=False,
+        no_sinks="the sink needs each row's log-sum-exp, which transformers' flex function returns only on CUDA "
+        "(its s_aux path, not wired into swapformer), or one more key, which the BlockMask built from the pattern "
+        "does not have",
         note="torch flex_attention with the pattern as a BlockMask; compiled on first use (~15 s on CPU); "
         "attention_dropout applies only in training, which flex refuses; Linformer layers are not wired to it "
         "(their projected rows have no token pattern to lower)",
@@ -118,6 +126,8 @@ BACKENDS: dict[str, Capabilities] = {
         dtypes=("float16", "bfloat16"),
         compile=(),
         no_compile="transformers' flash path unpads padded batches with data-dependent sizes",
+        sinks=False,
+        no_sinks="the flash-attn package's kernels take no sink logit and return no log-sum-exp to rescale by",
         needs="flash_attn",
         install="pip install 'swapformer[flash]'",
         note="the flash-attn package (pip install 'swapformer[flash]')",
@@ -134,6 +144,8 @@ BACKENDS: dict[str, Capabilities] = {
         backward=("cuda",),
         compile=("cuda",),
         dtypes=("float16", "bfloat16"),
+        sinks=False,
+        no_sinks="the sink is one more key every query sees, which needs a mask, and this kernel takes none",
         note="torch SDPA pinned to its FlashAttention kernel, for CUDA machines without flash-attn; no masks but causality",
     ),
 }
@@ -221,6 +233,7 @@ def model_needs(config) -> dict[str, bool]:
         "latent_attention": getattr(config, "kv_lora_rank", None) is not None,
         "position_bias": config.position_embedding_type in ("alibi", "relative_bias"),
         "causal": causal,
+        "sinks": bool(getattr(config, "attention_sinks", False)),
         "bidirectional": not causal or encoder_decoder,
         "cross_attention": encoder_decoder,
         "linformer": getattr(config, "linformer_k", None) is not None,
@@ -240,7 +253,14 @@ def check_backend_for_config(name: str, config) -> None:
         pattern = LAYER_TYPE_PATTERN[layer_type]
         require(backend, f"pattern:{pattern}", f"{pattern!r} attention ({layer_type} layers)")
         for feature in needs:
-            require(backend, feature, DESCRIPTIONS.get(feature, feature))
+            require(backend, feature, _described(backend, feature))
+
+
+def _described(backend: str, feature: str) -> str:
+    """A feature as a refusal names it; learned sinks with the reason this backend lacks them."""
+    if feature == "sinks":
+        return f"learned attention sinks (attention_sinks=True: {BACKENDS[backend].no_sinks or 'not in its row'})"
+    return DESCRIPTIONS.get(feature, feature)
 
 
 def check_batch_feature(backend: str, feature: str, description: str) -> None:
@@ -386,9 +406,18 @@ def capability_table_markdown() -> str:
         rows.append(f"| `{name}` | " + " | ".join(cells) + " |")
     notes = [
         f"- `{name}`: "
-        + "; ".join(filter(None, (caps.note, caps.no_compile and f"not compiled: {caps.no_compile}")))
+        + "; ".join(
+            filter(
+                None,
+                (
+                    caps.note,
+                    caps.no_compile and f"not compiled: {caps.no_compile}",
+                    caps.no_sinks and f"no sinks: {caps.no_sinks}",
+                ),
+            )
+        )
         for name, caps in BACKENDS.items()
-        if caps.note or caps.no_compile
+        if caps.note or caps.no_compile or caps.no_sinks
     ]
     notes.append(
         "- compile: the devices where the model runs inside `torch.compile(fullgraph=True)` and `torch.export` "

@@ -40,6 +40,9 @@ INITIALIZERS = ("normal", "xavier")
 # of every layer and head ("layerwise"), one per layer for keys and values ("key_value"), or one E and one
 # F per layer ("headwise": shared by the heads of a layer only)
 LINFORMER_SHARING = ("layerwise", "key_value", "headwise")
+
+# Where a window + global cache puts its kept leading tokens (modeling/sinks.py: streaming sinks)
+STREAMING_POSITIONS = ("absolute", "cache")
 # RoPE variants of transformers' `rope_parameters` that swapformer computes (with transformers' own
 # ROPE_INIT_FUNCTIONS), and the keys each needs besides `rope_type` and `rope_theta`.
 ROPE_TYPES = {
@@ -195,6 +198,13 @@ class SwapformerConfig(PreTrainedConfig):
         linformer_sharing: which projections are shared (Wang et al., section 4): `"layerwise"` (one
             matrix, E = F, for every layer and head), `"key_value"` (one per layer, E = F) or
             `"headwise"` (an E and an F per layer, shared by its heads).
+        streaming_positions: the positions the global (sink) tokens kept by a window + global cache
+            are rotated at once the cache dropped tokens after them: `"absolute"` (their own, 0..k-1) or
+            `"cache"` (StreamingLLM's positions within the cache, https://arxiv.org/abs/2309.17453: just
+            before the first window token the cache holds, so no query sees a sink further than the
+            window plus k). RoPE decoders with `sliding_global_attention` layers (modeling/sinks.py).
+        attention_sinks: each self-attention layer learns `sinks`, one logit per query head that joins
+            the softmax's denominator and carries no value (gpt-oss's attention sinks; modeling/sinks.py).
     """
 
     model_type = "swapformer"
@@ -248,6 +258,8 @@ class SwapformerConfig(PreTrainedConfig):
     global_projections: bool = False
     linformer_k: int | None = None
     linformer_sharing: str = "layerwise"
+    attention_sinks: bool = False
+    streaming_positions: str = "absolute"
     use_cache: bool = True
     pad_token_id: int | None = None
     bos_token_id: int | None = None
@@ -384,11 +396,13 @@ class SwapformerConfig(PreTrainedConfig):
             "final_dropout",
             "embedding_dropout_first",
             "global_projections",
+            "attention_sinks",
         ):
             _check_bool(name, getattr(self, name))
         if self.global_projections:
             self._check_global_projections()
         self._check_linformer()
+        self._check_streaming_positions()
         for name in self._token_id_fields():
             self._check_token_id(name, getattr(self, name))
 
@@ -442,6 +456,30 @@ class SwapformerConfig(PreTrainedConfig):
                 f"linformer_k={k} cannot take position_embedding_type={self.position_embedding_type!r}: its bias "
                 "is per (query, key) token pair, and projected keys are mixtures of tokens; use 'learned', "
                 "'sinusoidal' or 'rope' positions, or linformer_k=None"
+            )
+
+    def _check_streaming_positions(self) -> None:
+        """`streaming_positions="cache"` re-rotates the kept leading tokens of a window + global cache: a
+        causal decoder with such layers, RoPE of fixed frequencies."""
+        _check_choice("streaming_positions", self.streaming_positions, STREAMING_POSITIONS)
+        if self.streaming_positions == "absolute":
+            return
+        rope_type = (self.rope_parameters or {}).get("rope_type", "default")
+        needs = {
+            "a decoder (DecoderConfig)": self.causal and not self.is_encoder_decoder,
+            "position_embedding_type='rope'": self.position_embedding_type == "rope",
+            "a rope_type other than 'dynamic' (whose frequencies change with the length)": rope_type
+            != "dynamic",
+            "'sliding_global_attention' layers": "sliding_global_attention" in self.layer_types,
+            "global_tokens >= 1 (the sink tokens)": self.global_tokens >= 1,
+        }
+        missing = [need for need, met in needs.items() if not met]
+        if missing:
+            raise ValueError(
+                f"streaming_positions='cache' (StreamingLLM's positions within the cache) needs {'; '.join(missing)}; "
+                f"got {type(self).__name__} with position_embedding_type={self.position_embedding_type!r}, "
+                f"rope_type={rope_type!r}, layer_types={self.layer_types}, global_tokens={self.global_tokens}. "
+                "Fix those, or use streaming_positions='absolute'"
             )
 
     def _check_rope_parameters(self) -> None:

@@ -28,6 +28,7 @@ from torch import nn
 from ..configuration.backends import check_backend_available, check_backend_for_forward, compiles
 from .lowering import lower
 from .masks import AttentionPattern
+from .sinks import sink_probabilities
 
 
 def repeat_kv(x: torch.Tensor, groups: int) -> torch.Tensor:
@@ -45,7 +46,8 @@ def attention_probabilities(
     attention_mask: torch.Tensor | None,
     scaling: float,
 ) -> torch.Tensor:
-    """softmax(q k^T * scaling + mask) in fp32, fully masked rows set to zero.
+    """softmax(q k^T * scaling + mask) in fp32, fully masked rows set to zero; with `module.sinks`,
+    one more logit per head in the denominator (sinks.py).
 
     `attention_mask` is additive (float) or boolean (True = attend).
     """
@@ -59,6 +61,8 @@ def attention_probabilities(
             scores = scores.masked_fill(~attention_mask, float("-inf"))
         else:
             scores = scores + attention_mask.float()
+    if getattr(module, "sinks", None) is not None:  # learned sinks (sinks.py): one more logit per head
+        return sink_probabilities(scores, module.sinks)
     finite = torch.finfo(torch.float32).min
     # Rows with no allowed key: softmax over finite values, then zeroed (no NaN forward or backward).
     has_key = scores.amax(dim=-1, keepdim=True) > finite
@@ -190,11 +194,12 @@ def sdpa_attention(module, query, key, value, mask, scaling, dropout):
     return out.transpose(1, 2).contiguous()
 
 
-def run_planned(module, plan, q, k, v, attention_mask, output_attentions: bool, **kwargs):
-    """The attention of `module` through its `LayerPlan`'s backend function: (output (B, T, H, D), the
-    probabilities when `output_attentions`, recomputed for this layer where the kernel returns none)."""
+def run_planned(module, plan, q, k, v, attention_mask, output_attentions: bool, fn=None, **kwargs):
+    """The attention of `module` through its `LayerPlan`'s backend function (or `fn`, a wrapper of it):
+    (output (B, T, H, D), the probabilities when `output_attentions`, recomputed for this layer where
+    the kernel returns none)."""
     out, weights = call_attention(
-        plan.attention_fn,
+        plan.attention_fn if fn is None else fn,
         plan.backend,
         plan.pattern.kind,
         module,

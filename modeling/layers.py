@@ -11,6 +11,8 @@ attention function its `LayerPlan` holds, with the mask lowered for it.
 
 from __future__ import annotations
 
+from functools import partial
+
 import torch
 from torch import nn
 from transformers.modeling_layers import GradientCheckpointingLayer
@@ -23,6 +25,8 @@ from .hf_compat import ACT2FN
 from .mla import LatentAttention
 from .plan import LayerPlan
 from .positions import apply_rope
+from .sinks import NATIVE as NATIVE_SINKS
+from .sinks import attend_with_sinks, shift_sinks
 
 # Norms ---------------------------------------------------------------------------------------------
 
@@ -164,6 +168,12 @@ class Attention(nn.Module):
             and not is_cross_attention
             and not is_causal
         )
+        # gpt-oss's learned sinks (sinks.py): one logit per query head, self-attention only
+        self.sinks = (
+            nn.Parameter(torch.zeros(self.num_heads))
+            if config.attention_sinks and not is_cross_attention
+            else None
+        )
         if self.global_projections:
             self.q_global_proj = nn.Linear(e, self.num_heads * d, bias=bias)
             self.k_global_proj = nn.Linear(e, self.num_key_value_heads * d, bias=bias)
@@ -203,9 +213,14 @@ class Attention(nn.Module):
             k, v = plan.cache.append(k, v, self.layer_idx)
             if plan.linformer is not None:  # Linformer: (B, K, S, D) -> (B, K, linformer_k, D); mask is None
                 k, v = plan.linformer.project(self.layer_idx, k, v, plan.pattern)
+            if plan.sink_shift is not None:  # streaming sinks at their positions within the cache
+                k = shift_sinks(k, plan.pattern.key_prefix, *plan.sink_shift)
 
+        fn = None  # the plan's function, or a kernel's with the learned sinks folded in as one extra key
+        if self.sinks is not None and plan.backend not in NATIVE_SINKS:
+            fn = partial(attend_with_sinks, plan.attention_fn, pattern=plan.pattern)
         out, weights = run_planned(
-            self, plan, q, k, v, attention_mask, output_attentions, sliding_window=self.sliding_window
+            self, plan, q, k, v, attention_mask, output_attentions, fn=fn, sliding_window=self.sliding_window
         )
         if self.global_projections and plan.pattern.global_queries is not None:
             out, weights = global_rows(self, hidden_states, out, weights, plan.pattern, plan.rope)

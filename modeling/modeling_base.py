@@ -20,7 +20,7 @@ from ..configuration.configuration_swapformer import SwapformerConfig
 from .attention import check_backend_for_model
 from .cache import static_key_slots
 from .hf_compat import init
-from .layers import RMSNorm
+from .layers import Attention, RMSNorm
 from .linformer import LinformerProjections
 from .remote_code import write_remote_code
 
@@ -113,6 +113,8 @@ class SwapformerPreTrainedModel(PreTrainedModel):
                 init.zeros_(module.weight[module.padding_idx])
         elif isinstance(module, LinformerProjections):
             module.reset_parameters()
+        elif isinstance(module, Attention) and module.sinks is not None:
+            init.normal_(module.sinks, mean=0.0, std=std)  # as gpt-oss initialises its sinks
         elif isinstance(module, (nn.LayerNorm, RMSNorm)):
             init.ones_(module.weight)
             if getattr(module, "bias", None) is not None:

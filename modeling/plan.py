@@ -26,6 +26,7 @@ from .linformer import LinformerProjections
 from .masks import AttentionPattern, KernelMask, random_layouts
 from .packing import PackedSequences, check_cross_packing
 from .positions import Positions, new_columns, rope_cos_sin
+from .sinks import sink_shift
 
 
 @dataclass(frozen=True)
@@ -43,6 +44,8 @@ class LayerPlan:
         cache: the cache the layers append their keys to (cross-attention: keep the encoder's in).
         linformer: the stack's Linformer projections (linformer.py) when `config.linformer_k` is set; the
             layers project their keys and values with them, and no mask is lowered (`mask` is None).
+        sink_shift: the rotation of the kept leading keys of a window + global cache to StreamingLLM's
+            positions within the cache (`streaming_positions="cache"`, sinks.py), or None.
     """
 
     layer_type: str
@@ -54,10 +57,11 @@ class LayerPlan:
     rope: tuple[torch.Tensor, torch.Tensor] | None
     cache: CacheView
     linformer: LinformerProjections | None = None
+    sink_shift: tuple[torch.Tensor, torch.Tensor] | None = None  # streaming positions (sinks.py)
 
     @classmethod
     def make(
-        cls, layer_type, pattern, lowered_from, backend, dtype, rope, cache, linformer=None
+        cls, layer_type, pattern, lowered_from, backend, dtype, rope, cache, linformer=None, shift=None
     ) -> LayerPlan:
         """The plan of `pattern` on `backend`, whose mask is lowered from `lowered_from`: `pattern`, or
         `pattern` less the rows the layer computes itself (`pattern_for_backend`). With `linformer` the
@@ -67,7 +71,9 @@ class LayerPlan:
         if isinstance(mask, KernelMask):
             mask, kernel_kwargs = mask.mask, mask.kwargs
         attention_fn = ALL_ATTENTION_FUNCTIONS.get_interface(backend, eager_attention_forward)
-        return cls(layer_type, pattern, backend, attention_fn, mask, kernel_kwargs, rope, cache, linformer)
+        return cls(
+            layer_type, pattern, backend, attention_fn, mask, kernel_kwargs, rope, cache, linformer, shift
+        )
 
 
 @dataclass(frozen=True)
@@ -114,7 +120,15 @@ class ForwardPlan:
         linformer = getattr(stack, "linformer", None)
         layers = {
             lt: LayerPlan.make(
-                lt, p, pattern_for_backend(stack, lt, p), backends[lt], dtype, rope, cache, linformer
+                lt,
+                p,
+                pattern_for_backend(stack, lt, p),
+                backends[lt],
+                dtype,
+                rope,
+                cache,
+                linformer,
+                sink_shift(config, p, dtype),
             )
             for lt, p in patterns.items()
         }

@@ -165,6 +165,12 @@ CASES = [
     Case("kv_cache", "decoding", lambda c: c.kv_cache, decoding),
     Case("backward", "backward on cpu", lambda c: "cpu" in c.backward, gradients),
     Case(
+        "sinks",
+        "learned sinks",
+        lambda c: c.sinks,
+        hidden("decoder", padding="left", pattern="bigbird", num_key_value_heads=2, attention_sinks=True),
+    ),
+    Case(
         "dtypes", "bfloat16", lambda c: "bfloat16" in c.dtypes, hidden("encoder", dtype=torch.bfloat16), 5e-2
     ),
 ]

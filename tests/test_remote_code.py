@@ -51,6 +51,19 @@ CASES = {
             rope_interleave=True,
         ),
     ),
+    # gpt-oss-like learned attention sinks on window + global layers, GQA
+    "decoder-sinks": (
+        swapformer.DecoderForCausalLM,
+        "AutoModelForCausalLM",
+        dict(
+            position_embedding_type="rope",
+            num_key_value_heads=2,
+            layer_types=["sliding_global_attention", "full_attention"],
+            sliding_window=3,
+            global_tokens=1,
+            attention_sinks=True,
+        ),
+    ),
     "seq2seq": (
         swapformer.Seq2SeqForConditionalGeneration,
         "AutoModelForSeq2SeqLM",
