@@ -1,6 +1,6 @@
 """Draw the pictures the README shows (docs/images/), with swapformer.visualize.
 
-    python scripts/make_pictures.py
+python scripts/make_pictures.py
 """
 
 from __future__ import annotations

@@ -204,5 +204,7 @@ def test_unsupported_family_lists_the_supported_ones():
     model = OPTModel(
         OPTConfig(num_hidden_layers=1, hidden_size=32, num_attention_heads=2, ffn_dim=64, vocab_size=100)
     )
-    with pytest.raises(ValueError, match="model_type='opt'.*bart, bert, big_bird, deepseek_v3, gpt2, llama, longformer"):
+    with pytest.raises(
+        ValueError, match="model_type='opt'.*bart, bert, big_bird, deepseek_v3, gpt2, llama, longformer"
+    ):
         from_hf_model(model, swapformer.DecoderModel)
