@@ -28,7 +28,7 @@ from pattern_oracle import KINDS, PatternSpec, RowLayout, allowed_rows, in_windo
 from test_packing import on_flash, reference_flash  # noqa: F401  (reference_flash is a fixture)
 
 import swapformer
-from swapformer.modeling import layers as layers_module
+from swapformer.modeling import attention as attention_module
 
 from conftest import build, tiny_config
 
@@ -190,7 +190,7 @@ class Call:
 def recording():
     """Record every self-attention call of a forward; q, k and v become leaves of their own."""
     calls: list[Call] = []
-    original = layers_module.call_attention
+    original = attention_module.call_attention
 
     def record(fn, backend, kind, module, q, k, v, mask, **kwargs):
         q, k, v = (x.detach().requires_grad_(torch.is_grad_enabled()) for x in (q, k, v))
@@ -198,11 +198,11 @@ def recording():
         calls.append(Call(module, q, k, v, out))
         return out, weights
 
-    layers_module.call_attention = record
+    attention_module.call_attention = record
     try:
         yield calls
     finally:
-        layers_module.call_attention = original
+        attention_module.call_attention = original
 
 
 def reference(q, k, v, allowed, scale):
