@@ -488,7 +488,12 @@ def test_ctrl_c_ends_the_run_with_the_resume_hint(tmp_path, text_folder):
 
     out = tmp_path / "run"
     command = [sys.executable, "-m", "swapformer", *tiny_argv(out, text_folder, max_steps=300)]
-    proc = subprocess.Popen(command, env=CPU_ENV, stderr=subprocess.PIPE, text=True)
+    # As a terminal's Ctrl-C meets it: a test run started in the background (`cmd &` in a script) has
+    # SIGINT ignored, children inherit that, and Python then installs no KeyboardInterrupt handler.
+    default_sigint = lambda: signal.signal(signal.SIGINT, signal.SIG_DFL)  # noqa: E731
+    proc = subprocess.Popen(
+        command, env=CPU_ENV, stderr=subprocess.PIPE, text=True, preexec_fn=default_sigint
+    )
     try:
         wait_for_step(proc, out, 4)
         proc.send_signal(signal.SIGINT)
