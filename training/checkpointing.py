@@ -87,6 +87,9 @@ def save_checkpoint(accelerator, out: pathlib.Path, state: dict, keep: int) -> p
         shutil.rmtree(tmp)
     accelerator.wait_for_everyone()
     accelerator.save_state(str(tmp))
+    # every process has written its part (its RNG state) before the main one renames the folder; without
+    # this a second process could still be writing into `tmp` ("Parent directory ... does not exist")
+    accelerator.wait_for_everyone()
     if accelerator.is_main_process:
         (tmp / STATE_FILE).write_text(json.dumps(state) + "\n")
         if final.exists():
