@@ -101,6 +101,20 @@ class Int8Rows:
         return self.data.nbytes + self.scale.nbytes
 
 
+def _dequantized_view(attribute: str):
+    """Getter and setter of a full-precision view of the `Int8Rows` held in `attribute`: reading
+    dequantises to the layer's dtype, assigning quantises."""
+
+    def read(layer):
+        rows = getattr(layer, attribute)
+        return None if rows is None else rows.dequantize(layer.dtype)
+
+    def write(layer, tensor):
+        setattr(layer, attribute, None if tensor is None else Int8Rows.quantize(tensor))
+
+    return read, write
+
+
 class Int8Storage:
     """Mixin over a cache layer class: keys and values are kept as `Int8Rows`.
 
@@ -112,21 +126,8 @@ class Int8Storage:
     _qkeys: Int8Rows | None = None
     _qvalues: Int8Rows | None = None
 
-    @property
-    def keys(self):
-        return None if self._qkeys is None else self._qkeys.dequantize(self.dtype)
-
-    @keys.setter
-    def keys(self, tensor):
-        self._qkeys = None if tensor is None else Int8Rows.quantize(tensor)
-
-    @property
-    def values(self):
-        return None if self._qvalues is None else self._qvalues.dequantize(self.dtype)
-
-    @values.setter
-    def values(self, tensor):
-        self._qvalues = None if tensor is None else Int8Rows.quantize(tensor)
+    keys = property(*_dequantized_view("_qkeys"))
+    values = property(*_dequantized_view("_qvalues"))
 
     def lazy_initialization(self, key_states, value_states) -> None:
         self.dtype = key_states.dtype
