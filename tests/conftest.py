@@ -203,30 +203,43 @@ def report(request):
     return _report
 
 
+def generate_steps(model, ids, new_tokens: int, **generate_kwargs):
+    """generate() for exactly `new_tokens` steps (min_new_tokens too: an eos token cannot end it early),
+    greedy with pad id 0 unless `generate_kwargs` say otherwise; the dict output (sequences, and the
+    logits or scores that `generate_kwargs` ask for)."""
+    options = {"do_sample": False, "pad_token_id": 0, **generate_kwargs}
+    return model.generate(
+        ids,
+        max_new_tokens=new_tokens,
+        min_new_tokens=new_tokens,
+        return_dict_in_generate=True,
+        **options,
+    )
+
+
+@torch.no_grad()
+def uncached_step_logits(model, ids, mask, sequences, step: int):
+    """The logits an uncached forward gives for generation step `step` (from 0) of `sequences`, what
+    generate() returned for the prompt `ids` / `mask`: the forward sees the prompt and the tokens
+    generated before that step."""
+    if model.config.is_encoder_decoder:
+        prefix = sequences[:, : step + 1]
+        return model(ids, attention_mask=mask, decoder_input_ids=prefix, use_cache=False).logits[:, -1]
+    prefix = sequences[:, : ids.shape[1] + step]
+    prefix_mask = torch.cat([mask, torch.ones(mask.shape[0], step, dtype=mask.dtype)], dim=1)
+    return model(prefix, attention_mask=prefix_mask, use_cache=False).logits[:, -1]
+
+
 def cached_step_diffs(model, ids, mask, max_new_tokens: int, **generate_kwargs) -> list[float]:
     """generate() with the KV cache (greedy unless `generate_kwargs` say otherwise); for every step,
     max |its logits - the logits of an uncached forward over the same prefix|. Checked per step, not
     on tokens: tiny random models often pick the same tokens when the cache is wrong."""
-    options = {"do_sample": False, "pad_token_id": 0, **generate_kwargs}
-    out = model.generate(
-        ids,
-        attention_mask=mask,
-        max_new_tokens=max_new_tokens,
-        min_new_tokens=max_new_tokens,
-        output_logits=True,
-        return_dict_in_generate=True,
-        **options,
+    out = generate_steps(
+        model, ids, max_new_tokens, attention_mask=mask, output_logits=True, **generate_kwargs
     )
-    diffs = []
-    for step, logits in enumerate(out.logits):
-        with torch.no_grad():
-            if model.config.is_encoder_decoder:
-                prefix = out.sequences[:, : step + 1]
-                ref = model(ids, attention_mask=mask, decoder_input_ids=prefix, use_cache=False).logits[:, -1]
-            else:
-                prefix = out.sequences[:, : ids.shape[1] + step]
-                prefix_mask = torch.cat([mask, torch.ones(mask.shape[0], step, dtype=mask.dtype)], dim=1)
-                ref = model(prefix, attention_mask=prefix_mask, use_cache=False).logits[:, -1]
-        diffs.append(max_diff(logits, ref))
+    diffs = [
+        max_diff(logits, uncached_step_logits(model, ids, mask, out.sequences, step))
+        for step, logits in enumerate(out.logits)
+    ]
     assert len(diffs) == max_new_tokens
     return diffs

@@ -15,7 +15,16 @@ from transformers import DynamicCache, LogitsProcessor, LogitsProcessorList
 from swapformer.configuration.backends import BACKENDS
 from swapformer.modeling.decoding_weights import DecodingWeights
 
-from conftest import LM_CLASSES, POSITIONS, build, cached_step_diffs, max_diff, padded_batch, tiny_config
+from conftest import (
+    LM_CLASSES,
+    POSITIONS,
+    build,
+    cached_step_diffs,
+    generate_steps,
+    max_diff,
+    padded_batch,
+    tiny_config,
+)
 
 # backends that decode on a CPU; flex recompiles per step shape, so it has its own (slow) test
 DECODING = [n for n, c in BACKENDS.items() if c.kv_cache and "cpu" in c.devices and n != "flex_attention"]
@@ -80,17 +89,14 @@ def beam_search_diffs(model, ids, mask, new_tokens: int, beams: int = 3):
     """Beam search for exactly `new_tokens` steps; per-step diffs from UncachedReference, and the
     generate() output (with beam_indices and the cache)."""
     reference = UncachedReference(model, ids, mask, beams=beams)
-    out = model.generate(
+    out = generate_steps(
+        model,
         ids,
+        new_tokens,
         attention_mask=mask,
         num_beams=beams,
         num_return_sequences=beams,
-        do_sample=False,
-        max_new_tokens=new_tokens,
-        min_new_tokens=new_tokens,
-        pad_token_id=0,
         logits_processor=LogitsProcessorList([reference]),
-        return_dict_in_generate=True,
         output_scores=True,
     )
     return reference.diffs, out
@@ -300,17 +306,7 @@ def test_eos_ends_a_row_and_pads_it(arch):
 def test_scores_and_transition_scores():
     model = lm("decoder", position_embedding_type="learned")
     ids, mask = prompts("decoder")
-    out = model.generate(
-        ids,
-        attention_mask=mask,
-        max_new_tokens=5,
-        min_new_tokens=5,
-        do_sample=False,
-        pad_token_id=0,
-        return_dict_in_generate=True,
-        output_scores=True,
-        output_logits=True,
-    )
+    out = generate_steps(model, ids, 5, attention_mask=mask, output_scores=True, output_logits=True)
     assert len(out.scores) == 5 and out.scores[0].shape == (ids.shape[0], model.config.vocab_size)
     # scores are the logits after the processors (min_new_tokens masked the eos token)
     for scores, logits in zip(out.scores, out.logits):

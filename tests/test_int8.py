@@ -23,7 +23,15 @@ from transformers import DynamicCache
 from swapformer.configuration.backends import BACKENDS
 from swapformer.modeling.int8_cache import QMAX, Int8Cache, Int8Rows, int8_cache
 
-from conftest import LM_CLASSES, build, load_benchmark, padded_batch, tiny_config
+from conftest import (
+    LM_CLASSES,
+    build,
+    generate_steps,
+    load_benchmark,
+    padded_batch,
+    tiny_config,
+    uncached_step_logits,
+)
 
 DECODING = [n for n, c in BACKENDS.items() if c.kv_cache and "cpu" in c.devices and n != "flex_attention"]
 LAYER_TYPES = ["full_attention", "sliding_attention", "sliding_global_attention", "bigbird_attention"]
@@ -107,46 +115,17 @@ def test_int8_cache_keeps_what_the_fp32_cache_keeps(layer_type):
     assert int8.nbytes * 4 * head_dim == fp32_bytes * (head_dim + 4)
 
 
-def generate_and_reference(model, ids, mask, new_tokens, cache):
-    """generate() with `cache` (greedy); the logits of an uncached forward over each step's prefix."""
-    out = model.generate(
-        ids,
-        attention_mask=mask,
-        max_new_tokens=new_tokens,
-        min_new_tokens=new_tokens,
-        do_sample=False,
-        pad_token_id=0,
-        output_logits=True,
-        return_dict_in_generate=True,
-        cache=cache,
-    )
-    refs = []
-    with torch.no_grad():
-        for step in range(new_tokens):
-            if model.config.is_encoder_decoder:
-                prefix = out.sequences[:, : step + 1]
-                refs.append(
-                    model(ids, attention_mask=mask, decoder_input_ids=prefix, use_cache=False).logits[:, -1]
-                )
-            else:
-                prefix = out.sequences[:, : ids.shape[1] + step]
-                prefix_mask = torch.cat([mask, torch.ones(mask.shape[0], step, dtype=mask.dtype)], dim=1)
-                refs.append(model(prefix, attention_mask=prefix_mask, use_cache=False).logits[:, -1])
-    return out, refs
-
-
 def check_against_uncached(model, ids, mask, new_tokens, cache):
-    out, refs = generate_and_reference(model, ids, mask, new_tokens, cache)
+    """generate() with `cache` (greedy) against the logits of an uncached forward over each step's prefix."""
+    out = generate_steps(model, ids, new_tokens, attention_mask=mask, output_logits=True, cache=cache)
+    refs = [uncached_step_logits(model, ids, mask, out.sequences, step) for step in range(new_tokens)]
     # the prompt's forward reads nothing back from the cache: exactly the uncached logits
     assert (out.logits[0] - refs[0]).abs().max() <= 1e-5
     diffs = [rel(got, want) for got, want in zip(out.logits, refs)]
     assert max(diffs) <= CACHE_RTOL, diffs
     assert max(diffs[1:]) > 0  # the cached steps did read int8 keys back
-    uncached = model.generate(
-        ids, attention_mask=mask, max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False,
-        pad_token_id=0, use_cache=False,
-    )  # fmt: skip
-    assert torch.equal(out.sequences, uncached)
+    uncached = generate_steps(model, ids, new_tokens, attention_mask=mask, use_cache=False)
+    assert torch.equal(out.sequences, uncached.sequences)
     return out
 
 

@@ -18,7 +18,7 @@ import swapformer
 from swapformer.configuration.backends import BACKENDS
 from swapformer.modeling.attention import eager_attention_forward
 
-from conftest import build, cached_step_diffs, max_diff, padded_batch, tiny_config
+from conftest import build, cached_step_diffs, generate_steps, max_diff, padded_batch, tiny_config
 
 SINK_BACKENDS = [n for n, c in BACKENDS.items() if c.sinks and "cpu" in c.devices and n != "eager"]
 LAYER_TYPES = ["full_attention", "sliding_attention", "sliding_global_attention", "bigbird_attention"]
@@ -288,14 +288,7 @@ def test_streaming_positions_in_cache_equal_oracle(backend, learned, monkeypatch
     model = build_with_sinks(swapformer.DecoderForCausalLM, config, backend)
     ids = torch.randint(3, 97, (1, 5), generator=torch.Generator().manual_seed(0))
     steps = 30
-    out = model.generate(
-        ids,
-        max_new_tokens=steps,
-        min_new_tokens=steps,
-        do_sample=False,
-        output_logits=True,
-        return_dict_in_generate=True,
-    )
+    out = generate_steps(model, ids, steps, output_logits=True)
     oracle = build_with_sinks(swapformer.DecoderForCausalLM, config, "eager")
     plain = build_with_sinks(
         swapformer.DecoderForCausalLM, streaming_config(attention_sinks=learned), "eager"

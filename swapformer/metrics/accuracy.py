@@ -2,11 +2,13 @@
 (`evaluate.load("accuracy")` downloads its script from the Hub). `swapformer.metrics.load("accuracy")`
 finds this file for you.
 
-This file is loaded by evaluate as a standalone module: it imports nothing from swapformer.
+This file is loaded by evaluate as a standalone module: it imports nothing from swapformer but its
+sibling _labels.py, which evaluate copies beside it.
 """
 
-import datasets
 import evaluate
+
+from ._labels import label_metric_info
 
 _DESCRIPTION = """The share of predictions equal to their reference label (or, with sample_weight, the
 weighted share)."""
@@ -29,14 +31,7 @@ Examples:
 @evaluate.utils.file_utils.add_start_docstrings(_DESCRIPTION, _KWARGS_DESCRIPTION)
 class Accuracy(evaluate.Metric):
     def _info(self):
-        return evaluate.MetricInfo(
-            description=_DESCRIPTION,
-            citation="",
-            inputs_description=_KWARGS_DESCRIPTION,
-            features=datasets.Features(
-                {"predictions": datasets.Value("int64"), "references": datasets.Value("int64")}
-            ),
-        )
+        return label_metric_info(_DESCRIPTION, _KWARGS_DESCRIPTION)
 
     def _compute(self, predictions, references, normalize=True, sample_weight=None):
         if not predictions:

@@ -8,11 +8,13 @@ as 0 where a class is neither predicted nor present (no division by zero).
 - micro:    F1 of the summed counts (for single-label classification it equals accuracy).
 - weighted: the per-class F1 weighted by each class's count among the references.
 
-This file is loaded by evaluate as a standalone module: it imports nothing from swapformer.
+This file is loaded by evaluate as a standalone module: it imports nothing from swapformer but its
+sibling _labels.py, which evaluate copies beside it.
 """
 
-import datasets
 import evaluate
+
+from ._labels import label_metric_info
 
 _DESCRIPTION = "F1 = 2 * precision * recall / (precision + recall), per class and averaged."
 
@@ -47,14 +49,7 @@ def _f1(tp, fp, fn):
 @evaluate.utils.file_utils.add_start_docstrings(_DESCRIPTION, _KWARGS_DESCRIPTION)
 class F1(evaluate.Metric):
     def _info(self):
-        return evaluate.MetricInfo(
-            description=_DESCRIPTION,
-            citation="",
-            inputs_description=_KWARGS_DESCRIPTION,
-            features=datasets.Features(
-                {"predictions": datasets.Value("int64"), "references": datasets.Value("int64")}
-            ),
-        )
+        return label_metric_info(_DESCRIPTION, _KWARGS_DESCRIPTION)
 
     def _compute(self, predictions, references, average="binary", pos_label=1):
         if average not in AVERAGES:
