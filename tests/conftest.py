@@ -44,6 +44,24 @@ def tiny_config(arch: str, **overrides):
     return swapformer.Seq2SeqConfig(**base)
 
 
+def pattern_config(arch, layer_type, **overrides):
+    """A tiny config whose layer 0 carries the pattern under test (`layer_type`) and layer 1 is full:
+    both kinds of mask in one forward (for an encoder-decoder, in both halves)."""
+    options = dict(
+        layer_types=[layer_type, "full_attention"],
+        sliding_window=5,
+        attention_block_size=8,
+        global_tokens=2,
+        num_random_blocks=1,
+        position_embedding_type="rope",
+        max_position_embeddings=64,
+    )
+    if arch == "seq2seq":
+        options["decoder_layer_types"] = [layer_type, "full_attention"]
+    options.update(overrides)
+    return tiny_config(arch, **options)
+
+
 def load_benchmark(name: str):
     """benchmarks/`name`.py as a module (its folder goes on sys.path: the benchmarks import their shared
     measure.py)."""

@@ -12,7 +12,7 @@ from transformers import AutoModel, AutoModelForCausalLM, LlamaConfig, LlamaForC
 
 import swapformer
 
-from conftest import build, cached_step_diffs, padded_batch, tiny_config
+from conftest import build, cached_step_diffs, padded_batch, pattern_config, tiny_config
 
 # transformers 5.24, PreTrainedModel.get_correct_attn_implementation
 HF_PATTERN = r'Specified `attn_implementation="{}"` is not supported\. The only possible arguments are '
@@ -146,13 +146,13 @@ class TestCompiledModelOnBackendsThatDoNotCompile:
 def test_flex_decoding_on_cpu(layer_type, padding, report):
     """generate() on flex, CPU: every cached step equals the uncached forward (BigBird decoding died in
     a C++ compile error of torch inductor's flex kernel, recompiled with the mask's offsets symbolic)."""
-    config = tiny_config(
+    config = pattern_config(
         "decoder",
-        layer_types=[layer_type, "full_attention"],
+        layer_type,
+        position_embedding_type="learned",
         sliding_window=4,
         global_tokens=1,
         attention_block_size=4,
-        num_random_blocks=1,
     )
     model = build(swapformer.DecoderForCausalLM, config, attn="flex_attention")
     ids, mask = padded_batch(batch=2, length=9, padding=padding)

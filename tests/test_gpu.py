@@ -14,11 +14,10 @@ import time
 
 import pytest
 import torch
-from test_patterns import pattern_config
 
 import swapformer
 
-from conftest import build, load_benchmark, max_diff, padded_batch
+from conftest import build, load_benchmark, max_diff, padded_batch, pattern_config
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 LENGTH = 96

@@ -29,6 +29,7 @@ from conftest import (
     generate_steps,
     load_benchmark,
     padded_batch,
+    pattern_config,
     tiny_config,
     uncached_step_logits,
 )
@@ -44,13 +45,12 @@ def rel(a, b) -> float:
 
 
 def windowed_lm(layer_type, attn="sdpa"):
-    config = tiny_config(
+    config = pattern_config(
         "decoder",
-        layer_types=[layer_type, "full_attention"],
+        layer_type,
         sliding_window=4,
-        global_tokens=2,
         attention_block_size=4,
-        position_embedding_type="rope",
+        num_random_blocks=3,
         num_key_value_heads=2,
     )
     return build(LM_CLASSES["decoder"], config, attn=attn)

@@ -9,13 +9,12 @@ import copy
 import pytest
 import torch
 import transformers as T
-from test_patterns import pattern_config
 
 import swapformer
 from swapformer.cli import main
 from swapformer.conversion import ConversionError, convert, from_hf_model
 
-from conftest import build, max_diff, padded_batch, scramble_
+from conftest import build, max_diff, padded_batch, pattern_config, scramble_
 
 LENGTH = 40  # five blocks of 8: windows, global tokens and random blocks all matter
 GLOBAL_TYPES = ["sliding_global_attention", "bigbird_attention"]

@@ -17,7 +17,6 @@ import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from test_patterns import pattern_config as patterns_config
 from test_train import losses, text_folder, tiny_args  # noqa: F401  (text_folder is a fixture)
 from transformers import DataCollatorWithFlattening
 
@@ -25,6 +24,7 @@ import swapformer
 from swapformer.modeling import packing as packing_module
 
 from conftest import BASE_CLASSES, build, exact_sgd_args, max_diff
+from conftest import pattern_config as patterns_config
 
 LAYER_TYPES = ["full_attention", "sliding_attention", "sliding_global_attention", "bigbird_attention"]
 POSITIONS = ["learned", "sinusoidal", "rope", "alibi", "relative_bias"]

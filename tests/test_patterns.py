@@ -18,28 +18,11 @@ from swapformer.modeling import lowering as masks_module
 from swapformer.modeling.attention import attention_weights
 from swapformer.modeling.masks import random_block_table
 
-from conftest import build, cached_step_diffs, max_diff, padded_batch, tiny_config
+from conftest import build, cached_step_diffs, max_diff, padded_batch, pattern_config, tiny_config
 
 LAYER_TYPES = ["full_attention", "sliding_attention", "sliding_global_attention", "bigbird_attention"]
 KINDS = {"decoder": "causal", "encoder": "bidirectional", "seq2seq": "cross"}
 LENGTH = 40  # five blocks of 8: windows, globals and random blocks all matter
-
-
-def pattern_config(arch, layer_type, **overrides):
-    # Layer 0 carries the pattern under test, layer 1 is full: both kinds of mask in one forward.
-    options = dict(
-        layer_types=[layer_type, "full_attention"],
-        sliding_window=5,
-        attention_block_size=8,
-        global_tokens=2,
-        num_random_blocks=1,
-        position_embedding_type="rope",
-        max_position_embeddings=64,
-    )
-    if arch == "seq2seq":
-        options["decoder_layer_types"] = [layer_type, "full_attention"]
-    options.update(overrides)
-    return tiny_config(arch, **options)
 
 
 MODEL = {

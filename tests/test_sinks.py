@@ -18,7 +18,15 @@ import swapformer
 from swapformer.configuration.backends import BACKENDS
 from swapformer.modeling.attention import eager_attention_forward
 
-from conftest import build, cached_step_diffs, generate_steps, max_diff, padded_batch, tiny_config
+from conftest import (
+    build,
+    cached_step_diffs,
+    generate_steps,
+    max_diff,
+    padded_batch,
+    pattern_config,
+    tiny_config,
+)
 
 SINK_BACKENDS = [n for n, c in BACKENDS.items() if c.sinks and "cpu" in c.devices and n != "eager"]
 LAYER_TYPES = ["full_attention", "sliding_attention", "sliding_global_attention", "bigbird_attention"]
@@ -63,14 +71,13 @@ def test_eager_equals_gpt_oss_attention(kv_heads):
 
 def sink_config(arch, layer_type, **overrides):
     options = dict(
-        layer_types=[layer_type, "full_attention"],
+        position_embedding_type="learned",
         sliding_window=3,
         global_tokens=1,
         attention_block_size=4,
-        num_random_blocks=1,
         attention_sinks=True,
     )
-    return tiny_config(arch, **(options | overrides))
+    return pattern_config(arch, layer_type, **(options | overrides))
 
 
 def build_with_sinks(model_class, config, backend):
