@@ -6,8 +6,9 @@ blocks. The global keys are the same for every block: on CPU (fp32/fp64, no drop
 their scores for all queries are one matmul and the two segments are merged per row by log-sum-exp
 (`_merge`, `_MergedSegments`), so no band is ever copied; otherwise they are copied behind each
 block's band and the block runs one `F.scaled_dot_product_attention` call. Queries that are themselves
-global attend to all keys in a second, dense-rows call whose result replaces theirs
-(`_global_query_rows`; skipped when the layout has no `global_rows`).
+global attend to all keys, and their result replaces the rows the blocks gave them: without gradients
+piece by piece beside the chunks (`_RowsByPieces`), otherwise in one dense-rows call
+(`_global_query_rows`); skipped when the layout has no `global_rows`.
 
 Cost: time and memory O(T * (window + globals + random)), forward and backward (autograd through
 gather, SDPA's fused CPU/CUDA kernel and scatter), no torch.compile. Shape legend: B batch, H query
