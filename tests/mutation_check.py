@@ -2,7 +2,7 @@
 
 Each mutant removes or alters one rule of the pattern predicate (modeling/masks.py
 `AttentionPattern.allowed` and the BigBird draw; modeling/lowering.py for flash), of the sparse
-backend where it handles a rule itself (sparse_layout.py, sparse.py: the dense pass of global query
+backend where it handles a rule itself (sparse_layout.py, sparse_globals.py: the dense pass of global query
 rows, the global-key and random-key segments, counting each key once, the band), or of the pattern's construction (modeling/plan.py: global tokens; modeling/cache.py: the caches). For every
 mutant the fast tests run in a temporary copy of the repository, so nothing is ever edited in place
 (an interrupted run leaves the working tree untouched), and a table says which test caught it.
@@ -185,7 +185,7 @@ MUTANTS = [
         "        return KernelMask(None, varlen)",
         "        return None",
     ),
-    # sparse_layout.py / sparse.py: rules the sparse backend handles itself
+    # sparse_layout.py / sparse_globals.py: rules the sparse backend handles itself
     Mutant(
         "global query (sparse)",
         "no dense pass for global query rows",
@@ -196,7 +196,7 @@ MUTANTS = [
     Mutant(
         "global query (sparse)",
         "unused write-back slots written too (they land on the last query)",
-        "modeling/sparse.py",
+        "modeling/sparse_globals.py",
         "batch_idx, slot = (layout.global_rows >= 0).nonzero(as_tuple=True)",
         "batch_idx, slot = (layout.global_rows >= -1).nonzero(as_tuple=True)",
     ),

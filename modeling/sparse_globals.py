@@ -1,0 +1,180 @@
+"""The sparse backend's global tokens (sparse.py runs them): the global keys as a segment beside the
+bands, merged by log-sum-exp, and the rows of the global queries, which attend to every key.
+
+Shape legend as in sparse.py; m query blocks per chunk, R global query rows.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .attention import sdpa_attention
+from .sparse_layout import BlockLayout
+
+
+def merge(q, k1, v1, p2, l2, v2, mask1, dead1, scale, target=None):
+    """Softmax attention of m query blocks `q` (B*m, K, G*b, D) over two segments, merged by
+    log-sum-exp. Segment 1 (keys `k1`, values `v1`, additive `mask1`) runs torch's fused CPU kernel,
+    which returns its output o1 and each row's log-sum-exp l1. Segment 2 is the few global keys:
+    their probabilities `p2` (B, K, Gk, G, m, b) (a softmax over the keys, laid out keys first) and
+    log-sum-exp `l2` (B, K, G, m, b) come from scores computed once per forward, so o2 = p2 v2 with
+    `v2` (B, K, Gk, D). The union's row is
+
+        (e^l1 o1 + e^l2 o2) / (e^l1 + e^l2)  =  o1 + sigmoid(l2 - l1) (o2 - o1).
+
+    Segment 1 holds no key for a row where `dead1` (B*m, 1, G*b) is True (the kernel then returns 0
+    and a meaningless l1, replaced by -inf). Writes the output (B, m, K, G, b, D) into `target` when
+    given (no gradients) and returns None; otherwise returns (output (B*m, K, G*b, D), the union's
+    log-sum-exp (B*m, K, G*b))."""
+    batch, kv_heads, n_glob, groups, m, b = p2.shape
+    o1, l1 = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+        q, k1, v1, attn_mask=mask1, scale=scale
+    )
+    if dead1 is not None:
+        l1 = l1.masked_fill_(dead1, float("-inf"))
+    l1 = l1.view(batch, m, kv_heads, groups, b).permute(0, 2, 3, 1, 4)  # (B, K, G, m, b)
+    share = torch.sigmoid(l2 - l1).permute(0, 3, 1, 2, 4)[..., None]  # (B, m, K, G, b, 1)
+    o2 = torch.matmul(p2.reshape(batch, kv_heads, n_glob, -1).transpose(-1, -2), v2)  # (B, K, G*m*b, D)
+    o2 = o2.view(batch, kv_heads, groups, m, b, -1).permute(0, 3, 1, 2, 4, 5)
+    o1 = o1.view(batch, m, kv_heads, groups, b, -1)
+    if target is not None:
+        torch.lerp(o1, o2, share, out=target)
+        return None
+    out = torch.lerp(o1, o2, share).reshape(batch * m, kv_heads, groups * b, -1)
+    lse = torch.logaddexp(l1, l2).permute(0, 3, 1, 2, 4).reshape(batch * m, kv_heads, groups * b)
+    return out, lse
+
+
+class MergedSegments(torch.autograd.Function):
+    """`merge` with gradients. Backward runs the fused kernel's backward for segment 1 with the
+    *merged* output and log-sum-exp (its recomputed probabilities are then the union's, so it returns
+    the exact gradients of segment 1's keys and values and its share of the query's), and the same
+    formulas by hand for segment 2's scores and values. Rows without any key get zero gradients."""
+
+    @staticmethod
+    def forward(ctx, q, k1, v1, s2, p2, l2, v2, mask1, dead1, scale):
+        """s2: the global keys' scores (B, K, Gk, G, m, b), from which p2 and l2 (see `merge`) come."""
+        out, lse = merge(q, k1, v1, p2, l2, v2, mask1, dead1, scale)
+        ctx.save_for_backward(q, k1, v1, s2, v2, mask1, out, lse)
+        ctx.scale = scale
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        q, k1, v1, s2, v2, mask1, out, lse = ctx.saved_tensors
+        grad = grad.contiguous()
+        back = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward
+        dq, dk1, dv1 = back(grad, q, k1, v1, out, lse, 0.0, False, attn_mask=mask1, scale=ctx.scale)
+        batch, kv_heads, n_glob, groups, m, b = s2.shape
+
+        def rows_by_kv_head(x):  # (B*m, K, G*b, ...) -> (B, K, G, m, b, ...)
+            return x.view(batch, m, kv_heads, groups, b, *x.shape[3:]).transpose(1, 2).transpose(2, 3)
+
+        p2 = torch.exp(s2 - rows_by_kv_head(lse)[:, :, None])  # the union's probabilities of the global keys
+        g = rows_by_kv_head(grad).reshape(batch, kv_heads, groups * m * b, -1)
+        p2_rows = p2.reshape(batch, kv_heads, n_glob, groups * m * b)
+        dv2 = torch.matmul(p2_rows, g)
+        row_dot = (grad * out).sum(-1)  # (B*m, K, G*b)
+        dp2 = torch.matmul(v2, g.transpose(-1, -2)).view_as(p2)
+        ds2 = p2.mul_(dp2.sub_(rows_by_kv_head(row_dot)[:, :, None]))
+        return dq, dk1, dv1, ds2, None, None, dv2, None, None, None
+
+
+def global_scores(q_padded, k_glob, key_mask, scale):
+    """Scaled, masked scores of every query row (B, H, N*b, D) against the global keys (B, K, Gk, D),
+    once for all blocks and keys first: (B, K, Gk, G, N, b), with the layout's global-key mask
+    (B, N, 1 or H, b, Gk). Masked scores are the lowest float rather than -inf, so that a row seeing
+    none of the global keys gets a finite log-sum-exp (and weight 0 in the merge)."""
+    batch, heads, rows, d = q_padded.shape
+    kv_heads, n_glob = k_glob.shape[1], k_glob.shape[2]
+    groups, n, b = heads // kv_heads, key_mask.shape[1], key_mask.shape[3]
+    # (copies the queries only for GQA from a transposed projection: its G heads' rows are not adjacent)
+    q_rows = q_padded.reshape(batch, kv_heads, groups * rows, d)
+    s = torch.matmul(k_glob * scale, q_rows.transpose(-1, -2)).view(batch, kv_heads, n_glob, groups, n, b)
+    mask = key_mask.permute(0, 2, 4, 1, 3)  # (B, 1 or H, Gk, N, b)
+    if mask.shape[1] == 1:
+        mask = mask[:, :, :, None]
+    else:
+        mask = mask.view(batch, kv_heads, groups, n_glob, n, b).transpose(2, 3)
+    return s.add_(mask).clamp_min_(torch.finfo(s.dtype).min)  # in place: keeps the matmul's layout
+
+
+def softmax_and_lse(scores: torch.Tensor, dim: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """softmax(scores) and logsumexp(scores) over `dim`, sharing their passes (about half the time of
+    torch.softmax and torch.logsumexp called apart, on a short `dim` that is not the last)."""
+    top = scores.amax(dim, keepdim=True)
+    e = torch.sub(scores, top).exp_()
+    total = e.sum(dim, keepdim=True)
+    return e.div_(total), total.log_().add_(top).squeeze(dim)
+
+
+def global_query_rows(module, query, key, value, out, layout: BlockLayout, scaling, dropout) -> torch.Tensor:
+    """`out` (B, T, H, D) with the rows of the global queries replaced by their attention to every key
+    they may see, in one dense-rows SDPA call (see `_put_rows`)."""
+    dense = sdpa_attention(
+        module, query_rows(query, layout), key, value, layout.global_mask, scaling, dropout
+    )
+    return put_rows(out, layout, dense)
+
+
+def query_rows(query: torch.Tensor, layout: BlockLayout) -> torch.Tensor:
+    """The global query rows (B, H, R, D) of `query` (B, H, T, D)."""
+    heads, d = query.shape[1], query.shape[3]
+    rows = layout.global_rows.clamp(min=0)  # (B, R)
+    return torch.gather(query, 2, rows[:, None, :, None].expand(-1, heads, -1, d))
+
+
+def put_rows(out: torch.Tensor, layout: BlockLayout, dense: torch.Tensor) -> torch.Tensor:
+    """`out` (B, T, H, D), the backend's own buffer, with the global query rows replaced (in place
+    without autograd) by `dense` (B, R, H, D). Batch rows with fewer global queries than others pad
+    `global_rows` with -1; those entries are left out (scattering them too would write the same row
+    twice, in an undefined order)."""
+    batch_idx, slot = (layout.global_rows >= 0).nonzero(as_tuple=True)
+    index = (batch_idx, layout.global_rows[batch_idx, slot])
+    if out.requires_grad:
+        return out.index_put(index, dense[batch_idx, slot])
+    out[index] = dense[batch_idx, slot]
+    return out
+
+
+class RowsByPieces:
+    """The global query rows' attention to every key, without gradients, computed piece by piece
+    beside the query chunks: the keys are cut into as many consecutive pieces as there are chunks, and
+    piece c is attended right after chunk c, while the band of that chunk (which covers about the same
+    keys) is still in cache. Pieces are merged by log-sum-exp; a row that sees no key of a piece gets
+    the lowest float as that piece's log-sum-exp, so it takes no weight (and a row without any key
+    stays 0, as one kernel call gives it)."""
+
+    def __init__(self, query, layout: BlockLayout, pieces: int, scaling):
+        batch, heads, _, d = query.shape
+        self.q = query_rows(query, layout)  # (B, H, R, D)
+        self.mask = layout.global_mask  # (B, 1 or H, R, S)
+        self.scale = d**-0.5 if scaling is None else scaling
+        length = self.mask.shape[-1]
+        self.bounds = [length * c // pieces for c in range(pieces + 1)]
+        self.done = 0
+        self.out = self.lse = None
+
+    def attend(self, key, value) -> None:
+        lo, hi = self.bounds[self.done], self.bounds[self.done + 1]
+        self.done += 1
+        if hi == lo:
+            return
+        mask = self.mask[..., lo:hi]
+        k, v = key[:, :, lo:hi], value[:, :, lo:hi]
+        groups = self.q.shape[1] // k.shape[1]
+        if groups > 1:  # GQA: kv heads repeated for these few rows
+            k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
+        out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+            self.q, k, v, attn_mask=mask, scale=self.scale
+        )
+        lse = lse.masked_fill_(~(mask > float("-inf")).any(-1), torch.finfo(lse.dtype).min)
+        if self.out is None:
+            self.out, self.lse = out, lse
+        else:
+            self.out = self.out.lerp_(out, torch.sigmoid(lse - self.lse)[..., None])
+            self.lse = torch.logaddexp(self.lse, lse)
+
+    def result(self) -> torch.Tensor:
+        """(B, R, H, D), once every piece is attended."""
+        return self.out.transpose(1, 2)
