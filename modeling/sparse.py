@@ -153,7 +153,7 @@ def sparse_attention_forward(
     starts = range(0, n, per_chunk)
     rows = None
     if layout.global_rows is not None and not grad and _merge_segments(query, layout, layout.mask, dropout):
-        rows = RowsByPieces(query, layout, len(starts), scaling)
+        rows = RowsByPieces(query, layout, len(starts), scaling, kv_heads)
     for j in starts:
         blocks = range(j, min(j + per_chunk, n))
         m = len(blocks)

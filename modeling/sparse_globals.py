@@ -145,12 +145,23 @@ class RowsByPieces:
     the lowest float as that piece's log-sum-exp, so it takes no weight (and a row without any key
     stays 0, as one kernel call gives it)."""
 
-    def __init__(self, query, layout: BlockLayout, pieces: int, scaling):
-        batch, heads, _, d = query.shape
-        self.q = query_rows(query, layout)  # (B, H, R, D)
-        self.mask = layout.global_mask  # (B, 1 or H, R, S)
+    def __init__(self, query, layout: BlockLayout, pieces: int, scaling, kv_heads: int):
+        q = query_rows(query, layout)
+        batch, heads, rows, d = q.shape
+        groups = heads // kv_heads
+        # GQA: the G query heads of a kv head become rows of one call, as `sdpa_attention` does
+        self.q = q.reshape(batch, kv_heads, groups * rows, d)
+        mask = layout.global_mask  # (B, 1 or H, R, S)
+        if groups > 1:
+            mask = (
+                mask.repeat(1, 1, groups, 1)
+                if mask.shape[1] == 1
+                else mask.reshape(batch, kv_heads, groups * rows, -1)
+            )
+        self.mask = mask
+        self.shape = (batch, heads, rows, d)
         self.scale = d**-0.5 if scaling is None else scaling
-        length = self.mask.shape[-1]
+        length = mask.shape[-1]
         self.bounds = [length * c // pieces for c in range(pieces + 1)]
         self.done = 0
         self.out = self.lse = None
@@ -161,12 +172,8 @@ class RowsByPieces:
         if hi == lo:
             return
         mask = self.mask[..., lo:hi]
-        k, v = key[:, :, lo:hi], value[:, :, lo:hi]
-        groups = self.q.shape[1] // k.shape[1]
-        if groups > 1:  # GQA: kv heads repeated for these few rows
-            k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
         out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
-            self.q, k, v, attn_mask=mask, scale=self.scale
+            self.q, key[:, :, lo:hi], value[:, :, lo:hi], attn_mask=mask, scale=self.scale
         )
         lse = lse.masked_fill_(~(mask > float("-inf")).any(-1), torch.finfo(lse.dtype).min)
         if self.out is None:
@@ -177,4 +184,4 @@ class RowsByPieces:
 
     def result(self) -> torch.Tensor:
         """(B, R, H, D), once every piece is attended."""
-        return self.out.transpose(1, 2)
+        return self.out.reshape(self.shape).transpose(1, 2)

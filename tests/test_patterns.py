@@ -390,15 +390,16 @@ def test_seq2seq_with_sliding_decoder_keeps_every_encoder_key(attn):
     assert max(cached_step_diffs(model, ids, mask, 8)) <= 1e-4
 
 
+@pytest.mark.parametrize("position", ["rope", "alibi"])  # alibi: a per-head mask
 @pytest.mark.parametrize("layer_type", ["sliding_global_attention", "bigbird_attention"])
-def test_sparse_block_chunks_give_the_same_result(layer_type, monkeypatch):
-    """Without gradients the sparse backend runs a few query blocks per kernel call; one block per
-    call gives the same result as all blocks in one call (the path with gradients)."""
+def test_sparse_block_chunks_give_the_same_result(layer_type, position, monkeypatch):
+    """Without gradients the sparse backend runs a few query blocks per kernel call (and the global
+    query rows over as many pieces of the keys); one block per call gives the same result as all
+    blocks in one call (the path with gradients)."""
     from swapformer.modeling import sparse
 
-    model = build(
-        swapformer.DecoderModel, pattern_config("decoder", layer_type, num_key_value_heads=2), attn="sparse"
-    )
+    config = pattern_config("decoder", layer_type, num_key_value_heads=2, position_embedding_type=position)
+    model = build(swapformer.DecoderModel, config, attn="sparse")
     ids, mask = padded_batch(length=LENGTH, padding="left")
     with torch.no_grad():
         whole = model(ids, attention_mask=mask).last_hidden_state
