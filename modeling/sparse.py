@@ -62,15 +62,16 @@ def _gather_keys(x: torch.Tensor, layout: BlockLayout, blocks: range) -> torch.T
     return torch.cat([bands, extra], dim=3)
 
 
-def _merge_segments(query, layout, mask, dropout) -> bool:
-    """Whether the global segment can run beside the band (`MergedSegments`) rather than copied into
-    every block's keys: CPU, fp32 or fp64 (the merge does its arithmetic in the input dtype), no
-    dropout, no gradient for the mask (a learned position bias)."""
+def _merge_segments(query, dropout, *masks) -> bool:
+    """Whether a segment can run beside the bands and be merged by log-sum-exp (the global keys:
+    `MergedSegments`; the global query rows, piece by piece: `RowsByPieces`) rather than copied into
+    every block's keys or run in one dense call: CPU, fp32 or fp64 (the merge does its arithmetic in
+    the input dtype), no dropout, no gradient for any of `masks` (a learned position bias)."""
     return (
         query.device.type == "cpu"
         and query.dtype in (torch.float32, torch.float64)
         and dropout == 0.0
-        and not (torch.is_grad_enabled() and (mask.requires_grad or layout.global_key_mask.requires_grad))
+        and not (torch.is_grad_enabled() and any(m is not None and m.requires_grad for m in masks))
     )
 
 
@@ -102,7 +103,7 @@ def _gather_globals(
     k_glob = key.transpose(1, 2)[rows, layout.global_keys].transpose(1, 2)  # (B, K, Gk, D)
     v_glob = value.transpose(1, 2)[rows, layout.global_keys].transpose(1, 2)
     glob = _Globals(k_glob, v_glob)
-    if _merge_segments(query, layout, layout.mask, dropout):
+    if _merge_segments(query, dropout, layout.mask, layout.global_key_mask):
         glob.scale = query.shape[-1] ** -0.5 if scaling is None else scaling
         glob.scores = global_scores(q_padded, k_glob, layout.global_key_mask, glob.scale)
         scores = glob.scores.detach()
@@ -152,7 +153,7 @@ def sparse_attention_forward(
     out = query.new_empty(batch, n * b, kv_heads, groups, d)  # written chunk by chunk, in the final layout
     starts = range(0, n, per_chunk)
     rows = None
-    if layout.global_rows is not None and not grad and _merge_segments(query, layout, layout.mask, dropout):
+    if layout.global_rows is not None and not grad and _merge_segments(query, dropout, layout.global_mask):
         rows = RowsByPieces(query, layout, len(starts), scaling, kv_heads)
     for j in starts:
         blocks = range(j, min(j + per_chunk, n))
