@@ -110,7 +110,7 @@ def softmax_and_lse(scores: torch.Tensor, dim: int) -> tuple[torch.Tensor, torch
 
 def global_query_rows(module, query, key, value, out, layout: BlockLayout, scaling, dropout) -> torch.Tensor:
     """`out` (B, T, H, D) with the rows of the global queries replaced by their attention to every key
-    they may see, in one dense-rows SDPA call (see `_put_rows`)."""
+    they may see, in one dense-rows SDPA call (see `put_rows`)."""
     dense = sdpa_attention(
         module, query_rows(query, layout), key, value, layout.global_mask, scaling, dropout
     )
