@@ -201,6 +201,20 @@ MUTANTS = [
         "batch_idx, slot = (layout.global_rows >= -1).nonzero(as_tuple=True)",
     ),
     Mutant(
+        "global query (sparse)",
+        "pieces of the global query rows averaged instead of merged by log-sum-exp (no gradients)",
+        "modeling/sparse_globals.py",
+        "self.out = self.out.lerp_(out, torch.sigmoid(lse - self.lse)[..., None])",
+        "self.out = self.out.lerp_(out, 0.5)",
+    ),
+    Mutant(
+        "global key (sparse)",
+        "global-key segment dropped from the merge (no gradients)",
+        "modeling/sparse_globals.py",
+        "torch.lerp(o1, o2, share, out=target)",
+        "target.copy_(o1)",
+    ),
+    Mutant(
         "global key (sparse)",
         "no global-key segment",
         "modeling/sparse_layout.py",
