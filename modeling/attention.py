@@ -170,6 +170,21 @@ def lower_mask(pattern: AttentionPattern, backend: str, dtype):
     return run_uncompiled(lower, pattern, backend, dtype)
 
 
+def fold_groups(query, mask, kv_heads: int):
+    """GQA folded into query rows, so the kv heads need no repeating: query (B, H, T, D) ->
+    (B, K, G*T, D), and an additive or bool mask (B, 1 or H, T, S) (or None) -> (B, 1 or K, G*T, S)."""
+    batch, heads, t, d = query.shape
+    groups = heads // kv_heads
+    if groups == 1:
+        return query, mask
+    q = query.reshape(batch, kv_heads, groups * t, d)
+    if mask is not None and mask.shape[1] != 1:
+        mask = mask.reshape(batch, kv_heads, groups * t, -1)
+    elif mask is not None:
+        mask = mask.expand(batch, 1, t, mask.shape[-1]).repeat(1, 1, groups, 1)
+    return q, mask
+
+
 def sdpa_attention(module, query, key, value, mask, scaling, dropout):
     """SDPA with GQA folded into the query rows; returns (B, T, H, D)."""
     batch, heads, t, d = query.shape
@@ -177,11 +192,7 @@ def sdpa_attention(module, query, key, value, mask, scaling, dropout):
     groups = heads // kv_heads
     is_causal = mask is None and module.is_causal and t > 1
     if groups > 1 and not is_causal:
-        q = query.reshape(batch, kv_heads, groups * t, d)
-        if mask is not None and mask.shape[1] != 1:
-            mask = mask.reshape(batch, kv_heads, groups * t, -1)
-        elif mask is not None:
-            mask = mask.expand(batch, 1, t, mask.shape[-1]).repeat(1, 1, groups, 1)
+        q, mask = fold_groups(query, mask, kv_heads)
         out = F.scaled_dot_product_attention(q, key, value, attn_mask=mask, dropout_p=dropout, scale=scaling)
         out = out.view(batch, heads, t, -1)  # the values' width, which may differ from d (MLA)
     else:

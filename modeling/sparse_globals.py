@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from .attention import sdpa_attention
+from .attention import fold_groups, sdpa_attention
 from .sparse_layout import BlockLayout
 
 
@@ -146,22 +146,12 @@ class RowsByPieces:
     stays 0, as one kernel call gives it)."""
 
     def __init__(self, query, layout: BlockLayout, pieces: int, scaling, kv_heads: int):
-        q = query_rows(query, layout)
-        batch, heads, rows, d = q.shape
-        groups = heads // kv_heads
-        # GQA: the G query heads of a kv head become rows of one call, as `sdpa_attention` does
-        self.q = q.reshape(batch, kv_heads, groups * rows, d)
-        mask = layout.global_mask  # (B, 1 or H, R, S)
-        if groups > 1:
-            mask = (
-                mask.repeat(1, 1, groups, 1)
-                if mask.shape[1] == 1
-                else mask.reshape(batch, kv_heads, groups * rows, -1)
-            )
-        self.mask = mask
-        self.shape = (batch, heads, rows, d)
-        self.scale = d**-0.5 if scaling is None else scaling
-        length = mask.shape[-1]
+        q = query_rows(query, layout)  # (B, H, R, D)
+        self.shape = q.shape
+        # GQA: the G query heads of a kv head become rows of one call, as in `sdpa_attention`
+        self.q, self.mask = fold_groups(q, layout.global_mask, kv_heads)
+        self.scale = q.shape[-1] ** -0.5 if scaling is None else scaling
+        length = self.mask.shape[-1]
         self.bounds = [length * c // pieces for c in range(pieces + 1)]
         self.done = 0
         self.out = self.lse = None

@@ -395,7 +395,8 @@ def test_seq2seq_with_sliding_decoder_keeps_every_encoder_key(attn):
 def test_sparse_block_chunks_give_the_same_result(layer_type, position, monkeypatch):
     """Without gradients the sparse backend runs a few query blocks per kernel call (and the global
     query rows over as many pieces of the keys); one block per call gives the same result as all
-    blocks in one call (the path with gradients)."""
+    blocks in one call (the path with gradients), and eager's on the real tokens (GQA with a per-head
+    mask under ALiBi: the query heads folded into rows)."""
     from swapformer.modeling import sparse
 
     config = pattern_config("decoder", layer_type, num_key_value_heads=2, position_embedding_type=position)
@@ -403,6 +404,9 @@ def test_sparse_block_chunks_give_the_same_result(layer_type, position, monkeypa
     ids, mask = padded_batch(length=LENGTH, padding="left")
     with torch.no_grad():
         whole = model(ids, attention_mask=mask).last_hidden_state
+        eager = build(swapformer.DecoderModel, config)(ids, attention_mask=mask).last_hidden_state
+        real = mask.bool()
+        assert max_diff(whole[real], eager[real]) <= 1e-5
         monkeypatch.setattr(sparse, "CHUNK_BYTES", 1)  # one block per call
         chunked = model(ids, attention_mask=mask).last_hidden_state
     assert max_diff(whole, chunked) <= 1e-6
