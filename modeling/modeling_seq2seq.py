@@ -127,24 +127,6 @@ class Seq2SeqModel(Seq2SeqPreTrainedModel):
             keep_all_encoder_keys(cache)
         return cache
 
-    def run_decoder(self, inputs: dict, encoder_h, encoder_mask, encoder_packing, cache, flags: dict):
-        """The decoder half on its `inputs` (input_ids, attention_mask, position_ids, inputs_embeds),
-        cross-attending to the encoder's output `encoder_h` (B, S_enc, E); `flags`: the output flags."""
-        if inputs["input_ids"] is None and inputs["inputs_embeds"] is None:
-            raise ValueError(
-                "Pass decoder_input_ids or decoder_inputs_embeds (or labels to the LM, which makes them)"
-            )
-        return self.decoder(
-            **inputs,
-            encoder_hidden_states=encoder_h,
-            encoder_attention_mask=encoder_mask,
-            encoder_packing=encoder_packing,
-            cache=cache,
-            return_dict=True,
-            output_attentions=flags.get("output_attentions"),
-            output_hidden_states=flags.get("output_hidden_states"),
-        )
-
     @cache_argument
     @takes_base_inputs
     def forward(
@@ -180,19 +162,23 @@ class Seq2SeqModel(Seq2SeqPreTrainedModel):
         encoder_outputs, encoder_packing = self.run_encoder(
             input_ids, attention_mask, position_ids, inputs_embeds, encoder_outputs, kwargs
         )
+        if decoder_input_ids is None and decoder_inputs_embeds is None:
+            raise ValueError(
+                "Pass decoder_input_ids or decoder_inputs_embeds (or labels to the LM, which makes them)"
+            )
         cache = self.decoder_cache(cache, use_cache)
-        dec = self.run_decoder(
-            dict(
-                input_ids=decoder_input_ids,
-                attention_mask=decoder_attention_mask,
-                position_ids=decoder_position_ids,
-                inputs_embeds=decoder_inputs_embeds,
-            ),
-            encoder_outputs.last_hidden_state,
-            attention_mask,
-            encoder_packing,
-            cache,
-            kwargs,
+        dec = self.decoder(
+            input_ids=decoder_input_ids,
+            attention_mask=decoder_attention_mask,
+            position_ids=decoder_position_ids,
+            inputs_embeds=decoder_inputs_embeds,
+            encoder_hidden_states=encoder_outputs.last_hidden_state,
+            encoder_attention_mask=attention_mask,
+            encoder_packing=encoder_packing,
+            cache=cache,
+            return_dict=True,
+            output_attentions=kwargs.get("output_attentions"),
+            output_hidden_states=kwargs.get("output_hidden_states"),
         )
         out = Seq2SeqModelOutput(
             last_hidden_state=dec.last_hidden_state,
