@@ -34,7 +34,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .positions import apply_rope, rope_frequencies
-from .sparse_layout import BlockLayout
+from .sparse_layout import BlockLayout, dead_rows
 
 # Backends that compute the definition themselves (attention_probabilities reads module.sinks).
 NATIVE = ("eager",)
@@ -77,7 +77,7 @@ def sink_layout(layout: BlockLayout, key_length: int) -> BlockLayout:
     seen = layout.mask.new_zeros(batch, n, 1, b, 1)
     keys, key_mask, dead = glob, seen, layout.dead
     if dead is None:  # rows without a key in the band + random segment (see sparse_layout.BlockLayout)
-        dead = ~(layout.mask[:, :, 0] > float("-inf")).any(-1)
+        dead = dead_rows(layout.mask)
     if layout.global_keys is not None:
         keys = torch.cat([layout.global_keys, glob], dim=1)
         key_mask = torch.cat([layout.global_key_mask, seen.expand(*layout.global_key_mask.shape[:-1], 1)], -1)

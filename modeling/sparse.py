@@ -34,7 +34,7 @@ from .sparse_globals import (
     put_rows,
     softmax_and_lse,
 )
-from .sparse_layout import BlockLayout
+from .sparse_layout import BlockLayout, dead_rows
 
 # Query blocks handled per SDPA call without gradients: bounds the gathered keys and values (and keeps
 # them in cache while the kernel reads them). Measured on a 2-core CPU; see benchmarks/attention_sparse.py.
@@ -110,7 +110,7 @@ def _gather_globals(
         glob.probs, glob.lse = softmax_and_lse(scores, dim=2)
         if bool(layout.dead.any()):
             glob.dead_band = layout.dead
-            no_key = layout.dead & ~(layout.global_key_mask[:, :, 0] > float("-inf")).any(-1)  # (B, N, b)
+            no_key = layout.dead & dead_rows(layout.global_key_mask)  # (B, N, b)
             glob.no_key = no_key if bool(no_key.any()) else None
         glob.grad = grad
     return glob

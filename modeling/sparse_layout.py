@@ -185,7 +185,7 @@ def lower_sparse(pattern: AttentionPattern, dtype) -> BlockLayout:
         mask=mask,
         global_keys=global_keys,
         global_key_mask=global_key_mask,
-        dead=None if global_key_mask is None else _dead_rows(mask, None if only is None else only[1]),
+        dead=None if global_key_mask is None else dead_rows(mask, None if only is None else only[1]),
         global_rows=global_rows,
         global_mask=global_mask,
     )
@@ -253,7 +253,7 @@ def _regular_blocks(pattern: AttentionPattern, q_abs: torch.Tensor, band_abs: to
     return template, irregular.nonzero()[:, 0]
 
 
-def _dead_rows(mask: torch.Tensor, blocks: torch.Tensor | None) -> torch.Tensor:
+def dead_rows(mask: torch.Tensor, blocks: torch.Tensor | None = None) -> torch.Tensor:
     """(B, N, b): rows without any allowed key in `mask` (B, N, 1 or H, b, L). Only `blocks` can hold
     such rows when given (the others have the window's template, where every row sees itself)."""
     if blocks is None:
