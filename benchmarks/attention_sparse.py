@@ -19,6 +19,11 @@ allowed entry (4 * D FLOPs per entry: q.k and p.v), divided by the backend's tim
 Model: a BERT-base-shaped encoder (12 layers, 768 wide, 12 heads) at 4096 tokens, every layer
 window+global with swapformer's `sparse` backend, against transformers' `LongformerModel` of the same
 size with attention_window=512 (the same +-256 window) and the first token global; random weights.
+With --globals the pair also runs in a child process whose glibc keeps freed memory
+(GLIBC_TUNABLES below): by default glibc returns large freed blocks to the system, and every fresh
+page then costs a page fault and zero-filling when first written. LongformerModel takes several
+million such faults per forward at 4096 tokens, swapformer tens of thousands, so the ratio depends
+on the allocator; both are printed, with the faults per forward.
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ import argparse
 import dataclasses
 import json
 import os
+import resource
 import subprocess
 import sys
 
@@ -41,6 +47,8 @@ from swapformer.modeling.masks import AttentionPattern, random_layouts
 from swapformer.modeling.sparse import sparse_attention_forward
 
 HEADS, HEAD_DIM, BLOCK, WINDOW, GLOBALS, RANDOM = 12, 64, 64, 129, 1, 3
+# glibc keeps freed blocks up to 1 GiB instead of unmapping or trimming them (see the docstring)
+KEEP_FREED = "glibc.malloc.mmap_threshold=268435456:glibc.malloc.trim_threshold=1073741824"
 
 
 class Layer(torch.nn.Module):
@@ -332,17 +340,39 @@ def globals_table(n: int = 8192, counts=(0, 1, 16), rounds: int = 3) -> None:
             f"| {r['fb sdpa'] * 1e3:.0f} | {r['fb sparse'] * 1e3:.0f} | {r['fb sdpa'] / r['fb sparse']:.1f}x |",
             flush=True,
         )
-    longformer, ours, ids, glob = encoders()
-    with torch.no_grad():
-        best = interleaved(
-            {"longformer": lambda: longformer(ids, global_attention_mask=glob), "ours": lambda: ours(ids)}, 2
+    default, kept = encoder_pair(2), encoder_child(2)
+    for label, r in (("glibc defaults", default), (f"GLIBC_TUNABLES={KEEP_FREED}", kept)):
+        print(
+            f"\nBERT-base-shaped encoder, 4096 tokens, window +-256, 1 global token, forward, {label}: "
+            f"swapformer sparse {r['ours'] * 1e3:.0f} ms ({r['faults ours']:.0f} page faults), transformers "
+            f"LongformerModel {r['longformer'] * 1e3:.0f} ms ({r['faults longformer']:.0f} page faults): "
+            f"{r['longformer'] / r['ours']:.2f}x"
         )
-    print(
-        f"\nBERT-base-shaped encoder, {ids.shape[1]} tokens, window +-256, 1 global token, forward: swapformer sparse "
-        f"{best['ours'] * 1e3:.0f} ms, transformers LongformerModel {best['longformer'] * 1e3:.0f} ms: "
-        f"{best['longformer'] / best['ours']:.2f}x"
-    )
     print(f"uptime after: {uptime()}")
+
+
+def encoder_pair(rounds: int) -> dict:
+    """Forward times of LongformerModel and swapformer's sparse encoder (interleaved), and the minor
+    page faults of one more forward of each."""
+    longformer, ours, ids, glob = encoders()
+    fns = {"longformer": lambda: longformer(ids, global_attention_mask=glob), "ours": lambda: ours(ids)}
+    with torch.no_grad():
+        best = interleaved(fns, rounds)
+        for name, fn in fns.items():
+            before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+            fn()
+            best[f"faults {name}"] = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
+    return best
+
+
+def encoder_child(rounds: int) -> dict:
+    """`encoder_pair` in a child process whose glibc keeps freed memory (KEEP_FREED)."""
+    env = dict(os.environ, GLIBC_TUNABLES=KEEP_FREED)
+    cmd = [sys.executable, __file__, "--encoder-child", str(rounds)]
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=3600)
+    if done.returncode != 0:
+        raise RuntimeError(done.stderr[-2000:])
+    return json.loads(done.stdout.strip().splitlines()[-1])
 
 
 def forward_backward_steps(pattern: AttentionPattern) -> dict:
@@ -383,9 +413,12 @@ def main():
     )
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--memory-child", help=argparse.SUPPRESS)
+    parser.add_argument("--encoder-child", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.memory_child:
         return measure_memory([int(n) for n in args.memory_child.split(",")])
+    if args.encoder_child:
+        return print(json.dumps(encoder_pair(args.encoder_child)))
     torch.set_num_threads(torch.get_num_threads())
     if args.globals:
         return globals_table()

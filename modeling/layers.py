@@ -67,7 +67,9 @@ _IN_PLACE = {
 # Without gradients the MLP runs this many bytes of intermediate activations at a time: glibc hands
 # larger blocks out as fresh mappings, so a whole (T, intermediate) activation page-faults and is
 # zero-filled by the kernel on every layer (measured: about as long as the GELU itself, and not spread
-# over threads); chunks of rows are reused from the heap instead. A model with forward hooks on its
+# over threads). The chunks are equal, and plain `nn.Linear` projections write into buffers allocated
+# once per call and reused by every chunk (a fresh chunk-sized output also faults: measured 8% of a
+# BERT-base MLP at 4096 tokens, benchmarks/attention_sparse.py). A model with forward hooks on its
 # projections runs the MLP in one plain pass, so hooks see one call with the whole output.
 MLP_CHUNK_BYTES = 16 * 2**20
 
@@ -96,17 +98,36 @@ class MLP(nn.Module):
             return self._forward(x, self.act_fn)
         act = self.act_in_place or self.act_fn
         rows, width = x.numel() // x.shape[-1], self.up_proj.out_features
-        step = max(1, MLP_CHUNK_BYTES // (width * x.element_size()))
-        if rows <= step:
+        chunks = -(-rows * width * x.element_size() // MLP_CHUNK_BYTES)
+        if chunks <= 1:
             return self._forward(x, act)
+        step = -(-rows // chunks)
         flat = x.reshape(rows, x.shape[-1])
-        out = None
+        if not self._plain(x):
+            out = torch.cat([self._forward(flat[i : i + step], act) for i in range(0, rows, step)])
+            return out.view(*x.shape[:-1], out.shape[-1])
+        out = flat.new_empty(rows, self.down_proj.out_features)
+        up = flat.new_empty(step, width)
+        gate = None if self.gate_proj is None else flat.new_empty(step, width)
         for i in range(0, rows, step):
-            part = self._forward(flat[i : i + step], act)
-            if out is None:
-                out = part.new_empty(rows, part.shape[-1])
-            out[i : i + step] = part
+            part = flat[i : i + step]
+            h = _linear_into(self.up_proj, part, up[: len(part)])
+            if gate is not None:
+                h = act(_linear_into(self.gate_proj, part, gate[: len(part)])).mul_(h)
+            else:
+                h = act(h)
+            _linear_into(self.down_proj, self.dropout(h), out[i : i + step])
         return out.view(*x.shape[:-1], out.shape[-1])
+
+    def _plain(self, x: torch.Tensor) -> bool:
+        """Whether every projection is a plain `nn.Linear` with plain weights of x's dtype, so its
+        output can be written into a given buffer (not a PEFT wrapper, a quantized weight, autocast)."""
+        projections = [p for p in (self.gate_proj, self.up_proj, self.down_proj) if p is not None]
+        return not torch.is_autocast_enabled(x.device.type) and all(
+            type(p) is nn.Linear
+            and all(type(t) is nn.Parameter and t.dtype == x.dtype for t in p.parameters())
+            for p in projections
+        )
 
     def _hooked(self) -> bool:
         """Whether a forward hook watches a projection (it might keep an output the in-place activation
@@ -123,6 +144,13 @@ class MLP(nn.Module):
         else:
             h = act(self.gate_proj(x)) * self.up_proj(x)
         return self.down_proj(self.dropout(h))
+
+
+def _linear_into(linear: nn.Linear, x: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    """`linear(x)` written into `out`."""
+    if linear.bias is None:
+        return torch.mm(x, linear.weight.t(), out=out)
+    return torch.addmm(linear.bias, x, linear.weight.t(), out=out)
 
 
 # Attention -----------------------------------------------------------------------------------------

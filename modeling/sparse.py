@@ -3,7 +3,7 @@
 Each query block attends to the keys its `BlockLayout` (sparse_layout.py) gathers for it: its band
 (a strided view of the keys, never copied) plus its random keys, in one fused-kernel call per chunk of
 blocks. The global keys are the same for every block: on CPU (fp32/fp64, no dropout, no learned bias)
-their scores for all queries are one matmul and the two segments are merged per row by log-sum-exp
+each chunk's scores against them are one matmul and the two segments are merged per row by log-sum-exp
 (sparse_globals.py: `merge`, `MergedSegments`), so no band is ever copied; otherwise they are copied
 behind each block's band and the block runs one `F.scaled_dot_product_attention` call. Queries that are
 themselves global attend to all keys, and their result replaces the rows the blocks gave them: without
@@ -78,16 +78,17 @@ def _merge_segments(query, dropout, *masks) -> bool:
 @dataclass
 class _Globals:
     """The global keys and values of a forward (B, K, Gk, D), gathered once. When merged beside the
-    bands (`_merge_segments`): their scaled, masked scores for every query (B, K, Gk, G, N, b), their
-    softmax over the keys and log-sum-exp (B, K, G, N, b), the rows (B, N, b) that see no key of the
-    band + random segment (`dead_band`) and those that see no key at all (`no_key`, zeroed at the
-    end), None where there are none, and whether gradients are recorded."""
+    bands (`_merge_segments`, `merged`): the padded queries (B, H, N*b, D) whose scores against them
+    each chunk computes (`global_scores`), the blocks (N,) whose global-key mask masks anything, the
+    rows (B, N, b) that see no key of the band + random segment (`dead_band`) and those that see no
+    key at all (`no_key`, zeroed at the end), None where there are none, and whether gradients are
+    recorded."""
 
     keys: torch.Tensor
     values: torch.Tensor
-    scores: torch.Tensor | None = None
-    probs: torch.Tensor | None = None
-    lse: torch.Tensor | None = None
+    merged: bool = False
+    queries: torch.Tensor | None = None
+    masked_blocks: torch.Tensor | None = None
     dead_band: torch.Tensor | None = None
     no_key: torch.Tensor | None = None
     scale: float = 1.0
@@ -104,10 +105,9 @@ def _gather_globals(
     v_glob = value.transpose(1, 2)[rows, layout.global_keys].transpose(1, 2)
     glob = _Globals(k_glob, v_glob)
     if _merge_segments(query, dropout, layout.mask, layout.global_key_mask):
+        glob.merged, glob.queries = True, q_padded
         glob.scale = query.shape[-1] ** -0.5 if scaling is None else scaling
-        glob.scores = global_scores(q_padded, k_glob, layout.global_key_mask, glob.scale)
-        scores = glob.scores.detach()
-        glob.probs, glob.lse = softmax_and_lse(scores, dim=2)
+        glob.masked_blocks = layout.global_key_mask.ne(0).flatten(2).any(-1).any(0)  # (N,)
         if bool(layout.dead.any()):
             glob.dead_band = layout.dead
             no_key = layout.dead & dead_rows(layout.global_key_mask)  # (B, N, b)
@@ -142,9 +142,7 @@ def sparse_attention_forward(
     grad = torch.is_grad_enabled() and (query.requires_grad or key.requires_grad or value.requires_grad)
     glob = _gather_globals(query, key, value, q_padded, layout, scaling, dropout, grad)
     # keys and values copied per block: gathered random keys, or global keys behind every band
-    copied = (width - layout.band_length) + (
-        0 if glob is None or glob.scores is not None else glob.keys.shape[2]
-    )
+    copied = (width - layout.band_length) + (0 if glob is None or glob.merged else glob.keys.shape[2])
     # the bands alone are views of `key`, so the budget counts them 1/4 (fewer, larger kernel calls)
     per_block = 2 * batch * kv_heads * (copied + layout.band_length / 4) * d * key.element_size()
     per_chunk = max(1, int(CHUNK_BYTES // per_block))
@@ -185,8 +183,11 @@ def _attend_blocks(
     batch_m, kv_heads, rows, d = q.shape
     batch = batch_m // m
     mask = _block_mask(layout.mask, j, m, groups, kv_heads)
-    if glob is not None and glob.scores is not None:
-        p2, l2 = glob.probs[:, :, :, :, j : j + m], glob.lse[:, :, :, j : j + m]
+    if glob is not None and glob.merged:
+        key_mask = layout.global_key_mask[:, j : j + m] if glob.masked_blocks[j : j + m].any() else None
+        q_rows = glob.queries[:, :, j * layout.block : (j + m) * layout.block]
+        s2 = global_scores(q_rows, glob.keys, key_mask, glob.scale, layout.block)  # (B, K, G, Gk, m, b)
+        p2, l2 = softmax_and_lse(s2.detach(), dim=3)
         dead = None
         if glob.dead_band is not None:
             dead = glob.dead_band[:, j : j + m, None, None].expand(batch, m, 1, groups, layout.block)
@@ -194,7 +195,6 @@ def _attend_blocks(
         if not glob.grad:
             merge(q, k, v, p2, l2, glob.values, mask, dead, glob.scale, target=target)
             return
-        s2 = glob.scores[:, :, :, :, j : j + m]
         o = MergedSegments.apply(q, k, v, s2, p2, l2, glob.values, mask, dead, glob.scale)
     else:
         if glob is not None:  # the global keys copied behind every block's keys

@@ -16,9 +16,9 @@ def merge(q, k1, v1, p2, l2, v2, mask1, dead1, scale, target=None):
     """Softmax attention of m query blocks `q` (B*m, K, G*b, D) over two segments, merged by
     log-sum-exp. Segment 1 (keys `k1`, values `v1`, additive `mask1`) runs torch's fused CPU kernel,
     which returns its output o1 and each row's log-sum-exp l1. Segment 2 is the few global keys:
-    their probabilities `p2` (B, K, Gk, G, m, b) (a softmax over the keys, laid out keys first) and
-    log-sum-exp `l2` (B, K, G, m, b) come from scores computed once per forward, so o2 = p2 v2 with
-    `v2` (B, K, Gk, D). The union's row is
+    their probabilities `p2` (B, K, G, Gk, m, b) (a softmax over the keys, each key's rows contiguous)
+    and log-sum-exp `l2` (B, K, G, m, b) come from `global_scores`, so o2 = p2 v2 with `v2`
+    (B, K, Gk, D). The union's row is
 
         (e^l1 o1 + e^l2 o2) / (e^l1 + e^l2)  =  o1 + sigmoid(l2 - l1) (o2 - o1).
 
@@ -26,7 +26,7 @@ def merge(q, k1, v1, p2, l2, v2, mask1, dead1, scale, target=None):
     and a meaningless l1, replaced by -inf). Writes the output (B, m, K, G, b, D) into `target` when
     given (no gradients) and returns None; otherwise returns (output (B*m, K, G*b, D), the union's
     log-sum-exp (B*m, K, G*b))."""
-    batch, kv_heads, n_glob, groups, m, b = p2.shape
+    batch, kv_heads, groups, n_glob, m, b = p2.shape
     o1, l1 = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
         q, k1, v1, attn_mask=mask1, scale=scale
     )
@@ -34,8 +34,8 @@ def merge(q, k1, v1, p2, l2, v2, mask1, dead1, scale, target=None):
         l1 = l1.masked_fill_(dead1, float("-inf"))
     l1 = l1.view(batch, m, kv_heads, groups, b).permute(0, 2, 3, 1, 4)  # (B, K, G, m, b)
     share = torch.sigmoid(l2 - l1).permute(0, 3, 1, 2, 4)[..., None]  # (B, m, K, G, b, 1)
-    o2 = torch.matmul(p2.reshape(batch, kv_heads, n_glob, -1).transpose(-1, -2), v2)  # (B, K, G*m*b, D)
-    o2 = o2.view(batch, kv_heads, groups, m, b, -1).permute(0, 3, 1, 2, 4, 5)
+    o2 = torch.matmul(p2.view(batch, kv_heads, groups, n_glob, -1).transpose(-1, -2), v2[:, :, None])
+    o2 = o2.view(batch, kv_heads, groups, m, b, -1).permute(0, 3, 1, 2, 4, 5)  # (B, m, K, G, b, D)
     o1 = o1.view(batch, m, kv_heads, groups, b, -1)
     if target is not None:
         torch.lerp(o1, o2, share, out=target)
@@ -53,7 +53,7 @@ class MergedSegments(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q, k1, v1, s2, p2, l2, v2, mask1, dead1, scale):
-        """s2: the global keys' scores (B, K, Gk, G, m, b), from which p2 and l2 (see `merge`) come."""
+        """s2: the global keys' scores (B, K, G, Gk, m, b), from which p2 and l2 (see `merge`) come."""
         out, lse = merge(q, k1, v1, p2, l2, v2, mask1, dead1, scale)
         ctx.save_for_backward(q, k1, v1, s2, v2, mask1, out, lse)
         ctx.scale = scale
@@ -65,37 +65,40 @@ class MergedSegments(torch.autograd.Function):
         grad = grad.contiguous()
         back = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward
         dq, dk1, dv1 = back(grad, q, k1, v1, out, lse, 0.0, False, attn_mask=mask1, scale=ctx.scale)
-        batch, kv_heads, n_glob, groups, m, b = s2.shape
+        batch, kv_heads, groups, n_glob, m, b = s2.shape
 
         def rows_by_kv_head(x):  # (B*m, K, G*b, ...) -> (B, K, G, m, b, ...)
             return x.view(batch, m, kv_heads, groups, b, *x.shape[3:]).transpose(1, 2).transpose(2, 3)
 
-        p2 = torch.exp(s2 - rows_by_kv_head(lse)[:, :, None])  # the union's probabilities of the global keys
-        g = rows_by_kv_head(grad).reshape(batch, kv_heads, groups * m * b, -1)
-        p2_rows = p2.reshape(batch, kv_heads, n_glob, groups * m * b)
-        dv2 = torch.matmul(p2_rows, g)
+        # the union's probabilities of the global keys
+        p2 = torch.exp(s2 - rows_by_kv_head(lse)[:, :, :, None])
+        g = rows_by_kv_head(grad).reshape(batch, kv_heads, groups, m * b, -1)
+        p2_rows = p2.reshape(batch, kv_heads, groups, n_glob, m * b)
+        dv2 = torch.matmul(p2_rows, g).sum(2)  # (B, K, Gk, D)
         row_dot = (grad * out).sum(-1)  # (B*m, K, G*b)
-        dp2 = torch.matmul(v2, g.transpose(-1, -2)).view_as(p2)
-        ds2 = p2.mul_(dp2.sub_(rows_by_kv_head(row_dot)[:, :, None]))
+        dp2 = torch.matmul(v2[:, :, None], g.transpose(-1, -2)).view_as(p2)
+        ds2 = p2.mul_(dp2.sub_(rows_by_kv_head(row_dot)[:, :, :, None]))
         return dq, dk1, dv1, ds2, None, None, dv2, None, None, None
 
 
-def global_scores(q_padded, k_glob, key_mask, scale):
-    """Scaled, masked scores of every query row (B, H, N*b, D) against the global keys (B, K, Gk, D),
-    once for all blocks and keys first: (B, K, Gk, G, N, b), with the layout's global-key mask
-    (B, N, 1 or H, b, Gk). Masked scores are the lowest float rather than -inf, so that a row seeing
-    none of the global keys gets a finite log-sum-exp (and weight 0 in the merge)."""
-    batch, heads, rows, d = q_padded.shape
+def global_scores(q_rows, k_glob, key_mask, scale, block):
+    """Scaled, masked scores of the query rows of m blocks of b = `block` rows (B, H, m*b, D) against
+    the global keys (B, K, Gk, D): (B, K, G, Gk, m, b), with the blocks' global-key mask
+    (B, m, 1 or H, b, Gk), or None where it masks nothing. Computed chunk by chunk, right after the fused kernel has read the same
+    queries (a pass over all queries at once reads them from memory: a third more time, measured).
+    Masked scores are the lowest float rather than -inf, so that a row seeing none of the global keys
+    gets a finite log-sum-exp (and weight 0 in the merge)."""
+    batch, heads, rows, d = q_rows.shape
     kv_heads, n_glob = k_glob.shape[1], k_glob.shape[2]
-    groups, n, b = heads // kv_heads, key_mask.shape[1], key_mask.shape[3]
-    # (copies the queries only for GQA from a transposed projection: its G heads' rows are not adjacent)
-    q_rows = q_padded.reshape(batch, kv_heads, groups * rows, d)
-    s = torch.matmul(k_glob * scale, q_rows.transpose(-1, -2)).view(batch, kv_heads, n_glob, groups, n, b)
-    mask = key_mask.permute(0, 2, 4, 1, 3)  # (B, 1 or H, Gk, N, b)
-    if mask.shape[1] == 1:
-        mask = mask[:, :, :, None]
-    else:
-        mask = mask.view(batch, kv_heads, groups, n_glob, n, b).transpose(2, 3)
+    groups = heads // kv_heads
+    q = q_rows.view(batch, kv_heads, groups, rows, d)
+    s = torch.matmul((k_glob * scale)[:, :, None], q.transpose(-1, -2))  # (B, K, G, Gk, m*b)
+    m, b = rows // block, block
+    s = s.view(batch, kv_heads, groups, n_glob, m, b)
+    if key_mask is None:
+        return s
+    mask = key_mask.permute(0, 2, 4, 1, 3)  # (B, 1 or H, Gk, m, b)
+    mask = mask[:, :, None] if mask.shape[1] == 1 else mask.view(batch, kv_heads, groups, n_glob, m, b)
     return s.add_(mask).clamp_min_(torch.finfo(s.dtype).min)  # in place: keeps the matmul's layout
 
 

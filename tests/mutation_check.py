@@ -215,6 +215,13 @@ MUTANTS = [
         "target.copy_(o1)",
     ),
     Mutant(
+        "count once (sparse)",
+        "the global-key mask skipped in every chunk (a global key inside the band counted twice)",
+        "modeling/sparse.py",
+        "glob.masked_blocks = layout.global_key_mask.ne(0).flatten(2).any(-1).any(0)",
+        "glob.masked_blocks = layout.global_key_mask.ne(0).flatten(2).any(-1).any(0) & False",
+    ),
+    Mutant(
         "global key (sparse)",
         "no global-key segment",
         "modeling/sparse_layout.py",

@@ -6,6 +6,7 @@ import copy
 
 import pytest
 import torch
+from torch import nn
 from transformers import (
     AutoModel,
     AutoModelForCausalLM,
@@ -345,14 +346,17 @@ def test_peft_lora_on_hf_standard_names():
     assert all(p.grad is not None for n, p in peft_model.named_parameters() if p.requires_grad)
 
 
-@pytest.mark.parametrize("mlp_type,act", [("mlp", "gelu"), ("gated", "silu"), ("mlp", "gelu_new")])
-def test_mlp_without_gradients_in_row_chunks_equals_one_pass(mlp_type, act, monkeypatch):
+@pytest.mark.parametrize(
+    "mlp_type,act,bias", [("mlp", "gelu", True), ("gated", "silu", True), ("mlp", "gelu_new", False)]
+)
+def test_mlp_without_gradients_in_row_chunks_equals_one_pass(mlp_type, act, bias, monkeypatch):
     """Without gradients the MLP runs rows a chunk at a time with an in-place activation (no fresh
-    whole-sequence intermediate per layer); the result equals one pass. A forward hook on a projection
-    turns that off: the hook sees one call with the whole, untouched output."""
+    whole-sequence intermediate per layer), its projections writing into reused buffers; the result
+    equals one pass. A forward hook on a projection turns that off: the hook sees one call with the
+    whole, untouched output."""
     from swapformer.modeling import layers
 
-    config = tiny_config("encoder", mlp_type=mlp_type, hidden_act=act)
+    config = tiny_config("encoder", mlp_type=mlp_type, hidden_act=act, mlp_bias=bias)
     mlp = layers.MLP(config).eval()
     x = torch.randn(2, 37, config.hidden_size)
     with torch.enable_grad():
@@ -369,3 +373,30 @@ def test_mlp_without_gradients_in_row_chunks_equals_one_pass(mlp_type, act, monk
     assert max_diff(hooked, whole) <= 1e-6
     assert len(seen) == 1 and seen[0][0].shape[:-1] == (2, 37)  # one call, the whole output
     assert all(torch.equal(out, copy) for out, copy in seen)
+
+
+def test_mlp_row_chunks_call_projections_that_are_not_plain_linears(monkeypatch):
+    """The chunked MLP writes a projection's output straight into its buffer only for a plain
+    `nn.Linear`; a wrapped or subclassed projection (PEFT, quantization) is called as a module."""
+    from swapformer.modeling import layers
+
+    class Shifted(nn.Linear):
+        def forward(self, x):
+            return super().forward(x) + 1.0
+
+    config = tiny_config("encoder")
+    mlp = layers.MLP(config).eval()
+    shifted = Shifted(config.hidden_size, config.intermediate_size)
+    shifted.load_state_dict(mlp.up_proj.state_dict())
+    mlp.up_proj = shifted
+    x = torch.randn(2, 37, config.hidden_size)
+    with torch.enable_grad():
+        whole = mlp(x).detach()
+    monkeypatch.setattr(layers, "MLP_CHUNK_BYTES", 5 * config.intermediate_size * x.element_size())
+    with torch.no_grad():
+        chunked = mlp(x)
+        mlp.up_proj = nn.Linear(config.hidden_size, config.intermediate_size)
+        mlp.up_proj.load_state_dict(shifted.state_dict())
+        plain = mlp(x)
+    assert max_diff(chunked, whole) <= 1e-6
+    assert max_diff(plain, whole) > 1e-3  # the shift matters: the check above can fail
