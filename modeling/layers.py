@@ -68,9 +68,10 @@ _IN_PLACE = {
 # larger blocks out as fresh mappings, so a whole (T, intermediate) activation page-faults and is
 # zero-filled by the kernel on every layer (measured: about as long as the GELU itself, and not spread
 # over threads). The chunks are equal, and plain `nn.Linear` projections write into buffers allocated
-# once per call and reused by every chunk (a fresh chunk-sized output also faults: measured 8% of a
-# BERT-base MLP at 4096 tokens, benchmarks/attention_sparse.py). A model with forward hooks on its
-# projections runs the MLP in one plain pass, so hooks see one call with the whole output.
+# once per call and reused by every chunk: fresh chunk-sized outputs fault too whenever glibc has
+# trimmed its heap (a gated BERT-base MLP at 4096 tokens: 36,737 faults per call against 5,124, 9%
+# slower; benchmarks/mlp_chunks.py). A model with forward hooks on its projections runs the MLP in
+# one plain pass, so hooks see one call with the whole output.
 MLP_CHUNK_BYTES = 16 * 2**20
 
 

@@ -84,10 +84,10 @@ class MergedSegments(torch.autograd.Function):
 def global_scores(q_rows, k_glob, key_mask, scale, block):
     """Scaled, masked scores of the query rows of m blocks of b = `block` rows (B, H, m*b, D) against
     the global keys (B, K, Gk, D): (B, K, G, Gk, m, b), with the blocks' global-key mask
-    (B, m, 1 or H, b, Gk), or None where it masks nothing. Computed chunk by chunk, right after the fused kernel has read the same
-    queries (a pass over all queries at once reads them from memory: a third more time, measured).
-    Masked scores are the lowest float rather than -inf, so that a row seeing none of the global keys
-    gets a finite log-sum-exp (and weight 0 in the merge)."""
+    (B, m, 1 or H, b, Gk), or None where it masks nothing. Computed chunk by chunk, right after the
+    fused kernel has read the same queries, so no (B, H, Gk, T) score tensor is ever held. Masked
+    scores are the lowest float rather than -inf, so that a row seeing none of the global keys gets a
+    finite log-sum-exp (and weight 0 in the merge)."""
     batch, heads, rows, d = q_rows.shape
     kv_heads, n_glob = k_glob.shape[1], k_glob.shape[2]
     groups = heads // kv_heads
