@@ -155,6 +155,7 @@ class RowsByPieces:
         self.q, self.mask = fold_groups(q, layout.global_mask, kv_heads)
         self.scale = q.shape[-1] ** -0.5 if scaling is None else scaling
         length = self.mask.shape[-1]
+        self.mask = self.mask if bool(self.mask.ne(0).any()) else None  # None: every key is seen
         self.bounds = [length * c // pieces for c in range(pieces + 1)]
         self.done = 0
         self.out = self.lse = None
@@ -164,11 +165,12 @@ class RowsByPieces:
         self.done += 1
         if hi == lo:
             return
-        mask = self.mask[..., lo:hi]
+        mask = None if self.mask is None else self.mask[..., lo:hi]
         out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
             self.q, key[:, :, lo:hi], value[:, :, lo:hi], attn_mask=mask, scale=self.scale
         )
-        lse = lse.masked_fill_(~(mask > float("-inf")).any(-1), torch.finfo(lse.dtype).min)
+        if mask is not None:
+            lse = lse.masked_fill_(~(mask > float("-inf")).any(-1), torch.finfo(lse.dtype).min)
         if self.out is None:
             self.out, self.lse = out, lse
         else:
