@@ -104,8 +104,12 @@ class MLP(nn.Module):
             return self._forward(x, act)
         step = -(-rows // chunks)
         flat = x.reshape(rows, x.shape[-1])
-        if not self._plain(x):
-            out = torch.cat([self._forward(flat[i : i + step], act) for i in range(0, rows, step)])
+        if not self._plain(x):  # a wrapped or quantized projection: called as a module, output copied
+            out = None
+            for i in range(0, rows, step):
+                part = self._forward(flat[i : i + step], act)
+                out = part.new_empty(rows, part.shape[-1]) if out is None else out
+                out[i : i + step] = part
             return out.view(*x.shape[:-1], out.shape[-1])
         out = flat.new_empty(rows, self.down_proj.out_features)
         up = flat.new_empty(step, width)
