@@ -2,7 +2,7 @@
 
     python benchmarks/attention_sparse.py            # the full table (about 10 minutes on 2 cores)
     python benchmarks/attention_sparse.py --quick    # 1k and 4k only
-    python benchmarks/attention_sparse.py --globals  # the cost of global tokens (about 3 minutes)
+    python benchmarks/attention_sparse.py --globals  # the cost of global tokens (about 5 minutes)
 
 Layer: 12 heads x 64, batch 1, fp32, bidirectional. Pattern "window+global": each query sees the keys
 within 128 positions on either side (sliding_window=129: a 257-key window) plus 1 global token;
@@ -22,7 +22,7 @@ size with attention_window=512 (the same +-256 window) and the first token globa
 With --globals the pair also runs in a child process whose glibc keeps freed memory
 (GLIBC_TUNABLES below): by default glibc returns large freed blocks to the system, and every fresh
 page then costs a page fault and zero-filling when first written. LongformerModel takes several
-million such faults per forward at 4096 tokens, swapformer tens of thousands, so the ratio depends
+million such faults per forward at 4096 tokens, swapformer thousands, so the ratio depends
 on the allocator; both are printed, with the faults per forward.
 """
 
