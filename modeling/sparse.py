@@ -86,13 +86,16 @@ class _Globals:
 
     keys: torch.Tensor
     values: torch.Tensor
-    merged: bool = False
     queries: torch.Tensor | None = None
     masked_blocks: torch.Tensor | None = None
     dead_band: torch.Tensor | None = None
     no_key: torch.Tensor | None = None
     scale: float = 1.0
     grad: bool = False
+
+    @property
+    def merged(self) -> bool:
+        return self.queries is not None
 
 
 def _gather_globals(
@@ -105,7 +108,7 @@ def _gather_globals(
     v_glob = value.transpose(1, 2)[rows, layout.global_keys].transpose(1, 2)
     glob = _Globals(k_glob, v_glob)
     if _merge_segments(query, dropout, layout.mask, layout.global_key_mask):
-        glob.merged, glob.queries = True, q_padded
+        glob.queries = q_padded
         glob.scale = query.shape[-1] ** -0.5 if scaling is None else scaling
         glob.masked_blocks = layout.global_key_mask.ne(0).flatten(2).any(-1).any(0)  # (N,)
         if bool(layout.dead.any()):
