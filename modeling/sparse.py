@@ -78,8 +78,9 @@ def _merge_segments(query, dropout, *masks) -> bool:
 @dataclass
 class _Globals:
     """The global keys and values of a forward (B, K, Gk, D), gathered once. When merged beside the
-    bands (`_merge_segments`, `merged`): the padded queries (B, H, N*b, D) whose scores against them
-    each chunk computes (`global_scores`), the blocks (N,) whose global-key mask masks anything, the
+    bands (`_merge_segments`, `merged`): the keys already multiplied by the softmax scale `scale`, the
+    padded queries (B, H, N*b, D) whose scores against them each chunk computes (`global_scores`),
+    whether each of the N blocks' global-key mask masks anything (a list, read once per forward), the
     rows (B, N, b) that see no key of the band + random segment (`dead_band`) and those that see no
     key at all (`no_key`, zeroed at the end), None where there are none, and whether gradients are
     recorded."""
@@ -87,7 +88,7 @@ class _Globals:
     keys: torch.Tensor
     values: torch.Tensor
     queries: torch.Tensor | None = None
-    masked_blocks: torch.Tensor | None = None
+    masked_blocks: list[bool] | None = None
     dead_band: torch.Tensor | None = None
     no_key: torch.Tensor | None = None
     scale: float = 1.0
@@ -110,7 +111,8 @@ def _gather_globals(
     if _merge_segments(query, dropout, layout.mask, layout.global_key_mask):
         glob.queries = q_padded
         glob.scale = query.shape[-1] ** -0.5 if scaling is None else scaling
-        glob.masked_blocks = layout.global_key_mask.ne(0).flatten(2).any(-1).any(0)  # (N,)
+        glob.keys = k_glob * glob.scale
+        glob.masked_blocks = layout.global_key_mask.ne(0).flatten(2).any(-1).any(0).tolist()  # N flags
         if bool(layout.dead.any()):
             glob.dead_band = layout.dead
             no_key = layout.dead & dead_rows(layout.global_key_mask)  # (B, N, b)
@@ -187,9 +189,9 @@ def _attend_blocks(
     batch = batch_m // m
     mask = _block_mask(layout.mask, j, m, groups, kv_heads)
     if glob is not None and glob.merged:
-        key_mask = layout.global_key_mask[:, j : j + m] if glob.masked_blocks[j : j + m].any() else None
+        key_mask = layout.global_key_mask[:, j : j + m] if any(glob.masked_blocks[j : j + m]) else None
         q_rows = glob.queries[:, :, j * layout.block : (j + m) * layout.block]
-        s2 = global_scores(q_rows, glob.keys, key_mask, glob.scale, layout.block)  # (B, K, G, Gk, m, b)
+        s2 = global_scores(q_rows, glob.keys, key_mask, layout.block)  # (B, K, G, Gk, m, b)
         p2, l2 = softmax_and_lse(s2.detach(), dim=3)
         dead = None
         if glob.dead_band is not None:

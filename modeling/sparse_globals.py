@@ -81,9 +81,10 @@ class MergedSegments(torch.autograd.Function):
         return dq, dk1, dv1, ds2, None, None, dv2, None, None, None
 
 
-def global_scores(q_rows, k_glob, key_mask, scale, block):
-    """Scaled, masked scores of the query rows of m blocks of b = `block` rows (B, H, m*b, D) against
-    the global keys (B, K, Gk, D): (B, K, G, Gk, m, b), with the blocks' global-key mask
+def global_scores(q_rows, k_glob, key_mask, block):
+    """Masked scores of the query rows of m blocks of b = `block` rows (B, H, m*b, D) against the
+    global keys (B, K, Gk, D), already multiplied by the softmax scale: (B, K, G, Gk, m, b), with the
+    blocks' global-key mask
     (B, m, 1 or H, b, Gk), or None where it masks nothing. Computed chunk by chunk, right after the
     fused kernel has read the same queries, so no (B, H, Gk, T) score tensor is ever held. Masked
     scores are the lowest float rather than -inf, so that a row seeing none of the global keys gets a
@@ -92,7 +93,7 @@ def global_scores(q_rows, k_glob, key_mask, scale, block):
     kv_heads, n_glob = k_glob.shape[1], k_glob.shape[2]
     groups = heads // kv_heads
     q = q_rows.view(batch, kv_heads, groups, rows, d)
-    s = torch.matmul((k_glob * scale)[:, :, None], q.transpose(-1, -2))  # (B, K, G, Gk, m*b)
+    s = torch.matmul(k_glob[:, :, None], q.transpose(-1, -2))  # (B, K, G, Gk, m*b)
     m, b = rows // block, block
     s = s.view(batch, kv_heads, groups, n_glob, m, b)
     if key_mask is None:

@@ -218,8 +218,8 @@ MUTANTS = [
         "count once (sparse)",
         "the global-key mask skipped in every chunk (a global key inside the band counted twice)",
         "modeling/sparse.py",
-        "glob.masked_blocks = layout.global_key_mask.ne(0).flatten(2).any(-1).any(0)",
-        "glob.masked_blocks = layout.global_key_mask.ne(0).flatten(2).any(-1).any(0) & False",
+        "glob.masked_blocks = layout.global_key_mask.ne(0).flatten(2).any(-1).any(0).tolist()",
+        "glob.masked_blocks = (layout.global_key_mask.ne(0).flatten(2).any(-1).any(0) & False).tolist()",
     ),
     Mutant(
         "global key (sparse)",
