@@ -11,6 +11,8 @@ from torch import nn
 from transformers.generation import GenerationMixin
 from transformers.utils import logging
 
+from .linear import Linear, cpu_linear_route
+
 logger = logging.get_logger(__name__)
 
 
@@ -34,7 +36,7 @@ class DecodingWeights:
     Accelerate hook (offloading swaps their weights itself), the encoder of an encoder-decoder (it
     runs once per prompt) and cross-attention keys/values (computed once, then cached).
     `model.decoding_copies` chooses: "auto" (default: "all" where the copies pay for themselves, see
-    `worth_copying`, else "none"), "all", "lm_head" (the largest gain per byte) or "none" (no extra
+    `worth_copying`, else "none"; they never do for fp32 on the oneDNN route of linear.py), "all", "lm_head" (the largest gain per byte) or "none" (no extra
     memory, the speed of the Parameters' layout). Copies that would take more than half of the memory
     available are cut down to the head, or to nothing, with a warning. Concurrent generate() calls on
     one model share one set of copies (counted under a lock; the first call's choice holds).
@@ -49,8 +51,13 @@ class DecodingWeights:
     MIN_NEW_TOKENS = 32
 
     @classmethod
-    def worth_copying(cls, rows: int, new_tokens: int) -> bool:
-        """Whether "auto" copies: few rows per decoding step and enough steps to repay the copying."""
+    def worth_copying(cls, rows: int, new_tokens: int, model: nn.Module | None = None) -> bool:
+        """Whether "auto" copies: few rows per decoding step and enough steps to repay the copying,
+        unless `model`'s fp32 CPU linears run on oneDNN (linear.py), which reads the (out, in) layout
+        at full speed: GPT-2 small 16.4 ms per step without copies against 16.5 with them (26.4 on
+        MKL with copies), Llama 7.6 against 7.8 (benchmarks/generation_speed.py)."""
+        if model is not None and onednn_decodes(model):
+            return False
         return rows <= cls.MAX_ROWS and new_tokens >= cls.MIN_NEW_TOKENS
 
     _lock = threading.Lock()
@@ -77,7 +84,7 @@ class DecodingWeights:
         return [
             m
             for m in modules
-            if type(m) is nn.Linear
+            if type(m) in (nn.Linear, Linear)
             and id(m) not in skip
             and not hasattr(m, "_hf_hook")
             and m.out_features >= m.in_features
@@ -159,6 +166,17 @@ def input_major_copy(weight: torch.Tensor, rows: int = 512) -> torch.Tensor:
     return out.t()
 
 
+def onednn_decodes(model: nn.Module) -> bool:
+    """Whether `model`'s fp32 CPU weights are multiplied on the oneDNN route (linear.py)."""
+    weight = next(model.parameters(), None)
+    return (
+        weight is not None
+        and weight.dtype == torch.float32
+        and weight.device.type == "cpu"
+        and cpu_linear_route() == "onednn"
+    )
+
+
 def available_memory_bytes() -> int | None:
     """MemAvailable from /proc/meminfo (Linux), or None where unknown."""
     try:
@@ -176,7 +194,8 @@ class SwapformerGenerationMixin(GenerationMixin):
     def generate(self, *args, **kwargs):
         choice = check_decoding_copies(self.decoding_copies)
         if choice == "auto":
-            choice = "all" if DecodingWeights.worth_copying(*self._decoding_shape(args, kwargs)) else "none"
+            worth = DecodingWeights.worth_copying(*self._decoding_shape(args, kwargs), model=self)
+            choice = "all" if worth else "none"
         with DecodingWeights.during(self, choice):
             return super().generate(*args, **kwargs)
 

@@ -22,6 +22,7 @@ from ..configuration.configuration_swapformer import GLOBAL_KINDS
 from .attention import run_planned
 from .global_rows import global_rows
 from .hf_compat import ACT2FN
+from .linear import Linear, onednn_applies
 from .mla import LatentAttention
 from .plan import LayerPlan
 from .positions import apply_rope
@@ -67,11 +68,12 @@ _IN_PLACE = {
 # Without gradients the MLP runs this many bytes of intermediate activations at a time: glibc hands
 # larger blocks out as fresh mappings, so a whole (T, intermediate) activation page-faults and is
 # zero-filled by the kernel on every layer (measured: about as long as the GELU itself, and not spread
-# over threads). The chunks are equal, and plain `nn.Linear` projections write into buffers allocated
-# once per call and reused by every chunk: fresh chunk-sized outputs fault too whenever glibc has
-# trimmed its heap (a gated BERT-base MLP at 4096 tokens: 36,737 faults per call against 5,124, 9%
-# slower; benchmarks/mlp_chunks.py). A model with forward hooks on its projections runs the MLP in
-# one plain pass, so hooks see one call with the whole output.
+# over threads). The chunks are equal, and plain `nn.Linear` projections on torch's route write into
+# buffers allocated once per call and reused by every chunk: fresh chunk-sized outputs fault too
+# whenever glibc has trimmed its heap (a gated BERT-base MLP at 4096 tokens: 36,737 faults per call
+# against 5,124, 9% slower; benchmarks/mlp_chunks.py). On the oneDNN route (linear.py), whose op takes
+# no output buffer, each chunk calls the modules. A model with forward hooks on its projections runs
+# the MLP in one plain pass, so hooks see one call with the whole output.
 MLP_CHUNK_BYTES = 16 * 2**20
 
 
@@ -82,9 +84,9 @@ class MLP(nn.Module):
     def __init__(self, config):
         super().__init__()
         e, f, bias = config.hidden_size, config.intermediate_size, config.mlp_bias
-        self.gate_proj = nn.Linear(e, f, bias=bias) if config.mlp_type == "gated" else None
-        self.up_proj = nn.Linear(e, f, bias=bias)
-        self.down_proj = nn.Linear(f, e, bias=bias)
+        self.gate_proj = Linear(e, f, bias=bias) if config.mlp_type == "gated" else None
+        self.up_proj = Linear(e, f, bias=bias)
+        self.down_proj = Linear(f, e, bias=bias)
         self.act_fn = ACT2FN[config.hidden_act]
         self.act_in_place = _IN_PLACE.get(config.hidden_act)
         self.dropout = nn.Dropout(config.activation_dropout)
@@ -104,7 +106,9 @@ class MLP(nn.Module):
             return self._forward(x, act)
         step = -(-rows // chunks)
         flat = x.reshape(rows, x.shape[-1])
-        if not self._plain(x):  # a wrapped or quantized projection: called as a module, output copied
+        if not self._plain(x) or onednn_applies(flat, self.up_proj.weight, self.up_proj.bias):
+            # a wrapped or quantized projection, or the oneDNN route (whose op takes no output buffer;
+            # measured faster this way than one pass): called as a module, each chunk's output copied
             out = None
             for i in range(0, rows, step):
                 part = self._forward(flat[i : i + step], act)
@@ -125,11 +129,12 @@ class MLP(nn.Module):
         return out.view(*x.shape[:-1], out.shape[-1])
 
     def _plain(self, x: torch.Tensor) -> bool:
-        """Whether every projection is a plain `nn.Linear` with plain weights of x's dtype, so its
-        output can be written into a given buffer (not a PEFT wrapper, a quantized weight, autocast)."""
+        """Whether every projection is a plain `nn.Linear` (or swapformer's `Linear`) with plain weights
+        of x's dtype, so its output can be written into a given buffer (not a PEFT wrapper, a quantized
+        weight, autocast)."""
         projections = [p for p in (self.gate_proj, self.up_proj, self.down_proj) if p is not None]
         return not torch.is_autocast_enabled(x.device.type) and all(
-            type(p) is nn.Linear
+            type(p) in (nn.Linear, Linear)
             and all(type(t) is nn.Parameter and t.dtype == x.dtype for t in p.parameters())
             for p in projections
         )
@@ -189,10 +194,10 @@ class Attention(nn.Module):
         self.scaling = config.effective_attention_scale
         self.attention_dropout = config.attention_dropout
         e, d, bias = config.hidden_size, config.head_dim, config.attention_bias
-        self.q_proj = nn.Linear(e, self.num_heads * d, bias=bias)
-        self.k_proj = nn.Linear(e, self.num_key_value_heads * d, bias=bias)
-        self.v_proj = nn.Linear(e, self.num_key_value_heads * d, bias=bias)
-        self.o_proj = nn.Linear(self.num_heads * d, e, bias=bias)
+        self.q_proj = Linear(e, self.num_heads * d, bias=bias)
+        self.k_proj = Linear(e, self.num_key_value_heads * d, bias=bias)
+        self.v_proj = Linear(e, self.num_key_value_heads * d, bias=bias)
+        self.o_proj = Linear(self.num_heads * d, e, bias=bias)
         # Longformer's query_global/key_global/value_global: the global tokens' own projections
         # (config.global_projections; bidirectional layers with global tokens only, checked by the config)
         self.global_projections = (
@@ -208,9 +213,9 @@ class Attention(nn.Module):
             else None
         )
         if self.global_projections:
-            self.q_global_proj = nn.Linear(e, self.num_heads * d, bias=bias)
-            self.k_global_proj = nn.Linear(e, self.num_key_value_heads * d, bias=bias)
-            self.v_global_proj = nn.Linear(e, self.num_key_value_heads * d, bias=bias)
+            self.q_global_proj = Linear(e, self.num_heads * d, bias=bias)
+            self.k_global_proj = Linear(e, self.num_key_value_heads * d, bias=bias)
+            self.v_global_proj = Linear(e, self.num_key_value_heads * d, bias=bias)
 
     def _project_kv(self, x: torch.Tensor):
         b, s, _ = x.shape

@@ -24,6 +24,7 @@ import torch
 from torch import nn
 
 from .attention import run_planned
+from .linear import Linear
 from .plan import LayerPlan
 from .positions import apply_rope
 
@@ -67,15 +68,15 @@ class LatentAttention(nn.Module):
         self.attention_dropout = config.attention_dropout
         bias = config.attention_bias
         if config.q_lora_rank is None:
-            self.q_proj = nn.Linear(e, h * self.head_dim, bias=False)
+            self.q_proj = Linear(e, h * self.head_dim, bias=False)
         else:
-            self.q_a_proj = nn.Linear(e, config.q_lora_rank, bias=bias)
+            self.q_a_proj = Linear(e, config.q_lora_rank, bias=bias)
             self.q_a_layernorm = RMSNorm(config.q_lora_rank, LATENT_NORM_EPS)
-            self.q_b_proj = nn.Linear(config.q_lora_rank, h * self.head_dim, bias=False)
-        self.kv_a_proj_with_mqa = nn.Linear(e, self.rank + self.rope_dim, bias=bias)
+            self.q_b_proj = Linear(config.q_lora_rank, h * self.head_dim, bias=False)
+        self.kv_a_proj_with_mqa = Linear(e, self.rank + self.rope_dim, bias=bias)
         self.kv_a_layernorm = RMSNorm(self.rank, LATENT_NORM_EPS)
-        self.kv_b_proj = nn.Linear(self.rank, h * (self.nope + self.v_dim), bias=False)
-        self.o_proj = nn.Linear(h * self.v_dim, e, bias=bias)
+        self.kv_b_proj = Linear(self.rank, h * (self.nope + self.v_dim), bias=False)
+        self.o_proj = Linear(h * self.v_dim, e, bias=bias)
 
     def _query(self, x: torch.Tensor) -> torch.Tensor:
         if self.config.q_lora_rank is None:

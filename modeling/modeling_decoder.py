@@ -15,6 +15,7 @@ from typing_extensions import Unpack
 from ..configuration.configuration_swapformer import DecoderConfig
 from .cache_argument import cache_argument, use_cache_unless_checkpointing
 from .decoding_weights import SwapformerGenerationMixin
+from .linear import Linear
 from .losses import causal_lm_loss, sequence_classification_loss
 from .modeling_base import (
     BaseModelKwargs,
@@ -96,7 +97,7 @@ class DecoderForCausalLM(DecoderPreTrainedModel, SwapformerGenerationMixin):
     def __init__(self, config: DecoderConfig):
         super().__init__(config)
         self.model = DecoderModel(config)
-        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.lm_head = Linear(config.hidden_size, config.vocab_size, bias=False)
         self.post_init()
 
     @cache_argument
@@ -155,7 +156,7 @@ class DecoderForSequenceClassification(DecoderPreTrainedModel):
     def __init__(self, config: DecoderConfig):
         super().__init__(config)
         self.model = DecoderModel(config)
-        self.score = nn.Linear(config.hidden_size, config.num_labels, bias=False)
+        self.score = Linear(config.hidden_size, config.num_labels, bias=False)
         self.post_init()
 
     @cache_argument

@@ -16,6 +16,7 @@ from typing_extensions import Unpack
 from ..configuration.configuration_swapformer import EncoderConfig
 from .hf_compat import ACT2FN
 from .layers import make_norm
+from .linear import Linear
 from .losses import sequence_classification_loss, span_loss, token_cross_entropy
 from .modeling_base import (
     BaseModelKwargs,
@@ -37,7 +38,7 @@ class Pooler(nn.Module):
 
     def __init__(self, config: EncoderConfig):
         super().__init__()
-        self.dense = nn.Linear(config.hidden_size, config.hidden_size)
+        self.dense = Linear(config.hidden_size, config.hidden_size)
 
     def forward(self, h: torch.Tensor) -> torch.Tensor:
         return torch.tanh(self.dense(h[:, 0]))
@@ -99,10 +100,10 @@ class MaskedLMHead(nn.Module):
 
     def __init__(self, config: EncoderConfig):
         super().__init__()
-        self.dense = nn.Linear(config.hidden_size, config.hidden_size)
+        self.dense = Linear(config.hidden_size, config.hidden_size)
         self.act_fn = ACT2FN[config.hidden_act]
         self.norm = make_norm(config)
-        self.decoder = nn.Linear(config.hidden_size, config.vocab_size)
+        self.decoder = Linear(config.hidden_size, config.vocab_size)
 
     def forward(self, h: torch.Tensor) -> torch.Tensor:
         return self.decoder(self.norm(self.act_fn(self.dense(h))))
@@ -159,9 +160,9 @@ class ClassificationHead(nn.Module):
 
     def __init__(self, config: EncoderConfig):
         super().__init__()
-        self.dense = nn.Linear(config.hidden_size, config.hidden_size)
+        self.dense = Linear(config.hidden_size, config.hidden_size)
         self.dropout = nn.Dropout(classifier_dropout(config))
-        self.out_proj = nn.Linear(config.hidden_size, config.num_labels)
+        self.out_proj = Linear(config.hidden_size, config.num_labels)
 
     def forward(self, h: torch.Tensor) -> torch.Tensor:
         x = torch.tanh(self.dense(self.dropout(h[:, 0])))
@@ -180,7 +181,7 @@ class EncoderForSequenceClassification(EncoderPreTrainedModel):
         self.model = EncoderModel(config)
         if self.model.pooler is not None:
             self.dropout = nn.Dropout(classifier_dropout(config))
-            self.classifier = nn.Linear(config.hidden_size, config.num_labels)
+            self.classifier = Linear(config.hidden_size, config.num_labels)
         else:
             self.dropout = None
             self.classifier = ClassificationHead(config)
@@ -217,7 +218,7 @@ class EncoderForTokenClassification(EncoderPreTrainedModel):
         super().__init__(config)
         self.model = EncoderModel(config, add_pooling_layer=False)
         self.dropout = nn.Dropout(classifier_dropout(config))
-        self.classifier = nn.Linear(config.hidden_size, config.num_labels)
+        self.classifier = Linear(config.hidden_size, config.num_labels)
         self.post_init()
 
     @takes_base_inputs
@@ -250,7 +251,7 @@ class EncoderForQuestionAnswering(EncoderPreTrainedModel):
     def __init__(self, config: EncoderConfig):
         super().__init__(config)
         self.model = EncoderModel(config, add_pooling_layer=False)
-        self.qa_outputs = nn.Linear(config.hidden_size, 2)
+        self.qa_outputs = Linear(config.hidden_size, 2)
         self.post_init()
 
     @takes_base_inputs

@@ -14,6 +14,7 @@ from transformers import DynamicCache, LogitsProcessor, LogitsProcessorList
 
 from swapformer.configuration.backends import BACKENDS
 from swapformer.modeling.decoding_weights import DecodingWeights
+from swapformer.modeling.linear import cpu_linear
 
 from conftest import (
     LM_CLASSES,
@@ -434,8 +435,9 @@ def test_decoding_copies_can_be_limited_and_fit_in_memory(monkeypatch, caplog):
 
 
 def test_auto_copies_only_where_they_pay(monkeypatch):
-    """The default "auto": copies for 1-2 rows per decoding step and at least MIN_NEW_TOKENS new
-    tokens (where the measured gain repays the copying), none for batches, beams or short calls."""
+    """The default "auto" on torch's linear route: copies for 1-2 rows per decoding step and at least
+    MIN_NEW_TOKENS new tokens (where the measured gain repays the copying), none for batches, beams or
+    short calls. (On the oneDNN route it copies nothing: test_linear.py.)"""
     model = lm("decoder", tie_word_embeddings=False)
     assert model.decoding_copies == "auto"
     ids, mask = prompts("decoder")
@@ -455,8 +457,11 @@ def test_auto_copies_only_where_they_pay(monkeypatch):
         (ids[:1], dict(max_new_tokens=long, num_beams=3), "none"),
         (ids[:1], dict(max_length=ids.shape[1] + long), "all"),
     ]
-    for prompt, options, _ in calls:
-        model.generate(prompt, attention_mask=mask[: len(prompt)], do_sample=False, pad_token_id=0, **options)
+    with cpu_linear("torch"):
+        for prompt, options, _ in calls:
+            model.generate(
+                prompt, attention_mask=mask[: len(prompt)], do_sample=False, pad_token_id=0, **options
+            )
     assert lent == [want for _, _, want in calls]
 
 

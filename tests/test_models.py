@@ -18,6 +18,7 @@ from transformers import (
 )
 
 import swapformer
+from swapformer.modeling.linear import cpu_linear
 from swapformer.modeling.losses import token_cross_entropy
 
 from conftest import ARCHS, BASE_CLASSES, LM_CLASSES, build, max_diff, padded_batch, tiny_config
@@ -346,14 +347,15 @@ def test_peft_lora_on_hf_standard_names():
     assert all(p.grad is not None for n, p in peft_model.named_parameters() if p.requires_grad)
 
 
+@pytest.mark.parametrize("route", ["torch", "onednn"])
 @pytest.mark.parametrize(
     "mlp_type,act,bias", [("mlp", "gelu", True), ("gated", "silu", True), ("mlp", "gelu_new", False)]
 )
-def test_mlp_without_gradients_in_row_chunks_equals_one_pass(mlp_type, act, bias, monkeypatch):
+def test_mlp_without_gradients_in_row_chunks_equals_one_pass(mlp_type, act, bias, route, monkeypatch):
     """Without gradients the MLP runs rows a chunk at a time with an in-place activation (no fresh
-    whole-sequence intermediate per layer), its projections writing into reused buffers; the result
-    equals one pass. A forward hook on a projection turns that off: the hook sees one call with the
-    whole, untouched output."""
+    whole-sequence intermediate per layer), its projections writing into reused buffers (torch's
+    linear route) or called per chunk (the oneDNN route); the result equals one pass. A forward hook
+    on a projection turns that off: the hook sees one call with the whole, untouched output."""
     from swapformer.modeling import layers
 
     config = tiny_config("encoder", mlp_type=mlp_type, hidden_act=act, mlp_bias=bias)
@@ -363,7 +365,7 @@ def test_mlp_without_gradients_in_row_chunks_equals_one_pass(mlp_type, act, bias
         whole = mlp(x).detach()  # the path with gradients: one pass, out-of-place activation
     monkeypatch.setattr(layers, "MLP_CHUNK_BYTES", 5 * config.intermediate_size * x.element_size())
     seen = []
-    with torch.no_grad():
+    with torch.no_grad(), cpu_linear(route):
         chunked = mlp(x)
         source = mlp.up_proj if mlp.gate_proj is None else mlp.gate_proj
         handle = source.register_forward_hook(lambda module, args, out: seen.append((out, out.clone())))

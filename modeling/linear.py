@@ -1,0 +1,141 @@
+"""`Linear`: the `nn.Linear` of every swapformer model, whose fp32 CPU inference can run on oneDNN.
+
+torch computes an fp32 `nn.Linear` on CPU with MKL's sgemm. MKL chooses its code by CPU vendor and
+runs its AVX2 code on AMD processors even where AVX-512 is there; oneDNN, which ships inside torch
+(torch.compile's CPU inference path uses it for linear layers), runs AVX-512 code on them. Measured
+on an AMD EPYC (Zen 5, 2 cores): a 4096 x 768 x 3072 product at 352 GFLOP/s against MKL's 187, one
+row times a 768 x 30522 matrix (a decoding step's LM head) in 0.27x MKL's time
+(benchmarks/cpu_linear.py). So where the oneDNN route applies, `Linear.forward` calls torch's
+oneDNN linear op (`torch.ops.mkldnn._linear_pointwise`) on the Parameters as they are (nothing is
+copied or cached: a changed weight is read as it is); everywhere else it is `nn.Linear.forward`.
+
+The route applies to a call when all hold:
+- the route is on: `cpu_linear(route)` (a context manager) or else the environment variable
+  SWAPFORMER_CPU_LINEAR says "onednn", or they say "auto" (the default) and torch reports AVX-512 for
+  this CPU (`torch.backends.cpu.get_cpu_capability()`); "torch" turns it off. On AVX2-only CPUs the
+  route was not measured, so "auto" leaves torch's choice there;
+- torch's own switch for oneDNN is on (`torch.backends.mkldnn.enabled`, e.g. not inside
+  `torch.backends.mkldnn.flags(enabled=False)`);
+- the input, weight and bias are plain fp32 CPU tensors (a quantized or wrapped weight, a DTensor or
+  another tensor subclass goes through `F.linear`, where its own dispatch runs);
+- no gradient is recorded (the op has no backward: under `no_grad`/`inference_mode`, or when neither
+  the input nor a parameter requires grad);
+- not under autocast, torch.compile, jit tracing or a functorch transform (they see `F.linear`).
+
+Outputs differ from MKL's by rounding only (another summation order: about 1e-6 relative in fp32).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import os
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+ROUTES = ("auto", "onednn", "torch")
+ENV = "SWAPFORMER_CPU_LINEAR"
+
+_chosen: contextvars.ContextVar[str | None] = contextvars.ContextVar("swapformer_cpu_linear", default=None)
+_default: str | None = None  # the environment's route, resolved at the first call
+
+
+def _check_route(route, where: str) -> str:
+    if route not in ROUTES:
+        raise ValueError(
+            f"{where} is {route!r}; the CPU linear route must be one of {', '.join(map(repr, ROUTES))} "
+            "('auto': oneDNN on CPUs with AVX-512, 'onednn': always, 'torch': torch's own F.linear)"
+        )
+    if route == "onednn" and not _onednn_available():
+        raise ValueError(
+            f"{where} is 'onednn', but this torch build has no oneDNN linear op "
+            "(torch.backends.mkldnn.is_available() is False); use 'auto' or 'torch'"
+        )
+    return route
+
+
+def _onednn_available() -> bool:
+    return torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
+
+
+def cpu_linear_route() -> str:
+    """The route in force: "onednn" or "torch" ("auto" resolved for this CPU). The environment
+    variable is read once, at the first call; `cpu_linear` changes the route at run time."""
+    global _default
+    route = _chosen.get()
+    if route is None:
+        if _default is None:
+            _default = _resolve(
+                _check_route(os.environ.get(ENV, "auto").strip().lower(), f"the environment variable {ENV}")
+            )
+        return _default
+    return _resolve(route)
+
+
+def _resolve(route: str) -> str:
+    if route != "auto":
+        return route
+    return (
+        "onednn"
+        if _onednn_available() and torch.backends.cpu.get_cpu_capability().startswith("AVX512")
+        else "torch"
+    )
+
+
+@contextlib.contextmanager
+def cpu_linear(route: str):
+    """Run the block with the CPU linear route `route` ("auto", "onednn" or "torch"), whatever the
+    environment says; e.g. `with swapformer.cpu_linear("torch"):` for MKL's results bit for bit."""
+    token = _chosen.set(_resolve(_check_route(route, "cpu_linear(route)")))
+    try:
+        yield
+    finally:
+        _chosen.reset(token)
+
+
+def _plain_fp32(t: torch.Tensor | None) -> bool:
+    return t is None or (
+        type(t) in (nn.Parameter, torch.Tensor) and t.dtype == torch.float32 and t.device.type == "cpu"
+    )
+
+
+def onednn_applies(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> bool:
+    """Whether `F.linear(x, weight, bias)` may run on oneDNN's op here (see the module docstring)."""
+    if not (type(x) is torch.Tensor and x.dtype == torch.float32 and x.device.type == "cpu"):
+        return False
+    if not (_plain_fp32(weight) and _plain_fp32(bias)):
+        return False
+    if torch.is_grad_enabled() and (
+        x.requires_grad or weight.requires_grad or (bias is not None and bias.requires_grad)
+    ):
+        return False
+    if (
+        torch.is_autocast_enabled("cpu")
+        or torch.compiler.is_compiling()
+        or torch.jit.is_tracing()
+        or torch._C._are_functorch_transforms_active()
+        or not torch._C._get_mkldnn_enabled()
+    ):
+        return False
+    return cpu_linear_route() == "onednn"
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """`F.linear`, on oneDNN where the route applies."""
+    if onednn_applies(x, weight, bias):
+        return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
+    return F.linear(x, weight, bias)
+
+
+class Linear(nn.Linear):
+    """`nn.Linear` (same parameters, state dict, hooks, PEFT and quantization handling) whose forward
+    runs on oneDNN where the route applies (module docstring)."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        cpu_linear_route()  # a wrong SWAPFORMER_CPU_LINEAR fails when the model is built
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return linear(x, self.weight, self.bias)

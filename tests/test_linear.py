@@ -1,0 +1,251 @@
+"""swapformer's `Linear` (modeling/linear.py): fp32 CPU inference on oneDNN where its route applies,
+`F.linear` everywhere else, with `F.linear` as the oracle for values and gradients."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import swapformer
+from swapformer.modeling import linear as linear_module
+from swapformer.modeling.decoding_weights import DecodingWeights, input_major_copy
+from swapformer.modeling.linear import Linear, cpu_linear, cpu_linear_route
+
+from conftest import build, max_diff, tiny_config
+
+ONEDNN_OP = "mkldnn::_linear_pointwise"
+
+pytestmark = pytest.mark.skipif(
+    not linear_module._onednn_available(), reason="this torch build has no oneDNN linear op"
+)
+
+
+def ops_run(fn) -> set[str]:
+    """The names of the ops `fn()` ran (torch.profiler)."""
+    with torch.profiler.profile() as prof:
+        fn()
+    return {e.key for e in prof.key_averages()}
+
+
+def relative_diff(a: torch.Tensor, b: torch.Tensor) -> float:
+    return max_diff(a, b) / max(float(b.abs().max()), 1e-30)
+
+
+@pytest.fixture
+def env_route(monkeypatch):
+    """Set SWAPFORMER_CPU_LINEAR as a new process would see it (the environment is read once)."""
+
+    def set_route(value: str | None):
+        if value is None:
+            monkeypatch.delenv(linear_module.ENV, raising=False)
+        else:
+            monkeypatch.setenv(linear_module.ENV, value)
+        monkeypatch.setattr(linear_module, "_default", None)
+
+    yield set_route
+    linear_module._default = None
+
+
+@pytest.mark.parametrize(
+    "x_shape, bias, layout",
+    [
+        ((5, 24), True, "contiguous"),
+        ((2, 7, 24), True, "contiguous"),
+        ((2, 7, 24), False, "contiguous"),
+        ((24,), True, "contiguous"),
+        ((0, 24), True, "contiguous"),
+        ((3, 7, 24), True, "strided input"),
+        ((3, 7, 24), True, "input-major weight"),  # DecodingWeights' copies
+    ],
+)
+def test_onednn_route_equals_f_linear(x_shape, bias, layout):
+    torch.manual_seed(0)
+    layer = Linear(24, 40, bias=bias)
+    x = torch.randn(*x_shape)
+    if layout == "strided input":
+        x = torch.randn(*x_shape[:-1], 2 * x_shape[-1])[..., ::2]
+    if layout == "input-major weight":
+        with torch.no_grad():
+            layer._parameters["weight"] = nn.Parameter(input_major_copy(layer.weight), requires_grad=False)
+    with torch.no_grad(), cpu_linear("onednn"):
+        expected = F.linear(x, layer.weight, layer.bias)
+        ops = ops_run(lambda: layer(x))
+        out = layer(x)
+    assert ONEDNN_OP in ops
+    assert out.shape == expected.shape and out.dtype == expected.dtype
+    if out.numel():
+        assert relative_diff(out, expected) <= 1e-6
+
+
+def test_torch_route_is_f_linear_bit_for_bit():
+    torch.manual_seed(0)
+    layer, x = Linear(24, 40), torch.randn(3, 24)
+    with torch.no_grad(), cpu_linear("torch"):
+        ops = ops_run(lambda: layer(x))
+        out = layer(x)
+    assert ONEDNN_OP not in ops
+    assert torch.equal(out, F.linear(x, layer.weight, layer.bias))
+
+
+@pytest.mark.parametrize("needs_grad", ["input", "weight"])
+def test_recorded_gradients_go_through_f_linear(needs_grad):
+    """The oneDNN op has no backward: wherever a gradient is recorded the layer is F.linear, and its
+    gradients are F.linear's."""
+    torch.manual_seed(0)
+    layer = Linear(24, 40)
+    layer.weight.requires_grad_(needs_grad == "weight")
+    layer.bias.requires_grad_(needs_grad == "weight")
+    x = torch.randn(3, 24, requires_grad=needs_grad == "input")
+    with cpu_linear("onednn"):
+        assert ONEDNN_OP not in ops_run(lambda: layer(x))
+        out = layer(x)
+        out.square().sum().backward()
+    leaf = x if needs_grad == "input" else layer.weight
+    got = leaf.grad.clone()
+    leaf.grad = None
+    F.linear(x, layer.weight, layer.bias).square().sum().backward()
+    assert out.requires_grad and torch.equal(got, leaf.grad)
+
+
+def test_grad_enabled_without_anything_requiring_it_still_uses_onednn():
+    torch.manual_seed(0)
+    layer = Linear(24, 40).requires_grad_(False)
+    x = torch.randn(3, 24)
+    with cpu_linear("onednn"):
+        assert torch.is_grad_enabled() and ONEDNN_OP in ops_run(lambda: layer(x))
+
+
+@pytest.mark.parametrize("case", ["float64", "autocast", "mkldnn disabled", "weight subclass"])
+def test_cases_outside_the_route_are_f_linear(case):
+    torch.manual_seed(0)
+    layer, x = Linear(24, 40), torch.randn(3, 24)
+    if case == "float64":
+        layer, x = layer.double(), x.double()
+    if case == "weight subclass":
+
+        class Marked(torch.Tensor):
+            pass
+
+        with torch.no_grad():
+            layer.weight = nn.Parameter(layer.weight.detach().as_subclass(Marked))
+    contexts = {
+        "autocast": lambda: torch.autocast("cpu", dtype=torch.bfloat16),
+        "mkldnn disabled": lambda: torch.backends.mkldnn.flags(enabled=False),
+    }
+    with torch.no_grad(), cpu_linear("onednn"), contexts.get(case, torch.no_grad)():
+        ops = ops_run(lambda: layer(x))
+        out = layer(x)
+        expected = F.linear(x, layer.weight, layer.bias)
+    assert ONEDNN_OP not in ops
+    assert out.dtype == expected.dtype and torch.equal(
+        out.as_subclass(torch.Tensor), expected.as_subclass(torch.Tensor)
+    )
+    if case == "autocast":
+        assert out.dtype == torch.bfloat16
+
+
+def test_forward_hooks_see_the_onednn_output():
+    torch.manual_seed(0)
+    layer, x = Linear(24, 40), torch.randn(3, 24)
+    seen = []
+    layer.register_forward_hook(lambda module, args, output: seen.append(output))
+    with torch.no_grad(), cpu_linear("onednn"):
+        out = layer(x)
+    assert len(seen) == 1 and seen[0] is out
+
+
+def test_environment_variable_chooses_the_route(env_route, monkeypatch):
+    env_route("torch")
+    assert cpu_linear_route() == "torch"
+    env_route("onednn")
+    assert cpu_linear_route() == "onednn"
+    with cpu_linear("torch"):  # the context manager wins over the environment
+        assert cpu_linear_route() == "torch"
+    assert cpu_linear_route() == "onednn"
+    for capability, route in (("AVX2", "torch"), ("AVX512", "onednn"), ("DEFAULT", "torch")):
+        monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda c=capability: c)
+        env_route(None)  # unset: "auto"
+        assert cpu_linear_route() == route
+        with cpu_linear("auto"):
+            assert cpu_linear_route() == route
+
+
+def test_a_wrong_route_is_refused_where_it_is_given(env_route):
+    env_route("mkl")
+    with pytest.raises(ValueError, match=r"SWAPFORMER_CPU_LINEAR is 'mkl'.*'auto', 'onednn', 'torch'"):
+        build(swapformer.EncoderModel, tiny_config("encoder"))  # when the model is built
+    with pytest.raises(ValueError, match=r"cpu_linear\(route\) is 'fast'.*'auto', 'onednn', 'torch'"):
+        with cpu_linear("fast"):
+            pass
+
+
+def test_onednn_route_forced_without_onednn_is_refused(monkeypatch):
+    monkeypatch.setattr(linear_module, "_onednn_available", lambda: False)
+    with pytest.raises(ValueError, match="no oneDNN linear op.*use 'auto' or 'torch'"):
+        with cpu_linear("onednn"):
+            pass
+
+
+@pytest.mark.parametrize("arch", ["encoder", "decoder", "seq2seq"])
+def test_models_run_their_linears_on_the_route(arch):
+    """Whole models: the oneDNN route gives the torch route's outputs, and every projection of the
+    model is swapformer's Linear (so the route reaches them all)."""
+    classes = {
+        "encoder": swapformer.EncoderForMaskedLM,
+        "decoder": swapformer.DecoderForCausalLM,
+        "seq2seq": swapformer.Seq2SeqForConditionalGeneration,
+    }
+    model = build(classes[arch], tiny_config(arch, mlp_type="gated" if arch == "decoder" else "mlp"))
+    ids = torch.randint(3, 60, (2, 9))
+    inputs = dict(input_ids=ids, decoder_input_ids=ids[:, :5]) if arch == "seq2seq" else dict(input_ids=ids)
+    assert all(type(m) is Linear for m in model.modules() if isinstance(m, nn.Linear))
+    with torch.no_grad():
+        with cpu_linear("torch"):
+            reference = model(**inputs).logits
+        with cpu_linear("onednn"):
+            ops = ops_run(lambda: model(**inputs))
+            fast = model(**inputs).logits
+    assert ONEDNN_OP in ops and "aten::addmm" not in ops and "aten::mm" not in ops
+    assert relative_diff(fast, reference) <= 1e-5
+
+
+def test_mlp_row_chunks_on_the_onednn_route(monkeypatch):
+    """The chunked MLP (no gradients, long inputs) on the oneDNN route equals one plain pass."""
+    from swapformer.modeling import layers
+
+    config = tiny_config("encoder")
+    mlp = build(swapformer.EncoderModel, config).layers[0].mlp
+    x = torch.randn(2, 37, config.hidden_size)
+    with torch.enable_grad():
+        whole = mlp(x).detach()
+    monkeypatch.setattr(layers, "MLP_CHUNK_BYTES", 5 * config.intermediate_size * x.element_size())
+    with torch.no_grad(), cpu_linear("onednn"):
+        ops = ops_run(lambda: mlp(x))
+        chunked = mlp(x)
+    assert ONEDNN_OP in ops and "aten::addmm" not in ops
+    assert relative_diff(chunked, whole) <= 1e-6
+
+
+def test_generate_copies_no_weights_on_the_onednn_route(monkeypatch):
+    """decoding_copies="auto" copies the weights input-major on torch's route (where it pays) and not
+    on the oneDNN route (which reads the (out, in) layout at full speed)."""
+    model = build(swapformer.DecoderForCausalLM, tiny_config("decoder"))
+    chosen = []
+    real = DecodingWeights.during.__func__
+
+    def spy(cls, model, choice=None):
+        chosen.append(choice)
+        return real(cls, model, choice)
+
+    monkeypatch.setattr(DecodingWeights, "during", classmethod(spy))
+    prompt = torch.randint(3, 60, (1, 4))
+    outputs = {}
+    for route in ("torch", "onednn"):
+        with torch.no_grad(), cpu_linear(route):
+            outputs[route] = model.generate(
+                prompt, max_new_tokens=DecodingWeights.MIN_NEW_TOKENS, do_sample=False, pad_token_id=0
+            )
+    assert chosen == ["all", "none"]
+    assert torch.equal(outputs["torch"], outputs["onednn"])
