@@ -9,11 +9,14 @@ in turn, several rounds, and each keeps its best time. Peak memory is the growth
 during one generate() call, measured in a child process of this run with MALLOC_MMAP_THRESHOLD_=65536
 so that freed buffers go back to the system at once.
 
-swapformer decodes on input-major copies of its wide and square matrices, lent to the modules for
-the generate() call (`DecodingWeights`, DESIGN_NOTES.md 9); the table also times it with a copy of the
-LM head only and with no copies (`model.decoding_copies`), and gives the copies' size, the memory
-that speed costs while generate() runs. A second table times single decoding steps (best of many,
-interleaved; steadier than whole calls on a busy machine) and the copying paid once per call.
+"swapformer" is the model as it comes: its linear layers on its CPU linear route (modeling/linear.py:
+oneDNN where torch reports AVX-512; the route in force is printed) and `model.decoding_copies="auto"`.
+On torch's own route (MKL) swapformer decodes faster on input-major copies of its wide and square
+matrices, lent to the modules for the generate() call (`DecodingWeights`, DESIGN_NOTES.md 9), which
+"auto" makes there; so the table also times torch's route with the copies, with a copy of the LM head
+only and with none, and gives the copies' size, the memory that speed costs while generate() runs.
+A second table times single decoding steps (best of many, interleaved; steadier than whole calls on a
+busy machine) and the copying paid once per call.
 
 Also printed: the bytes of weights read per new token (every matrix is read once per token; the
 input embedding only for one row, unless tied to the output layer), this machine's memory bandwidth
@@ -48,7 +51,13 @@ from swapformer.conversion import from_hf_model
 from swapformer.modeling.decoding_weights import DecodingWeights
 
 PROMPT, NEW = 32, 128
-VARIANTS = {"swapformer": "all", "head copy only": "lm_head", "no copies": "none"}  # decoding_copies
+# (CPU linear route or None for swapformer's default, model.decoding_copies)
+VARIANTS = {
+    "swapformer": (None, "auto"),
+    "torch route, copies": ("torch", "all"),
+    "torch route, head copy": ("torch", "lm_head"),
+    "torch route, no copies": ("torch", "none"),
+}
 
 
 def families():
@@ -101,10 +110,11 @@ def build(name):
     return hf, ours
 
 
-def generate(model, prompt, decoding_copies="all"):
+def generate(model, prompt, variant=VARIANTS["swapformer"]):
+    route, decoding_copies = variant
     if isinstance(model, swapformer.SwapformerPreTrainedModel):
         model.decoding_copies = decoding_copies
-    with torch.no_grad():
+    with torch.no_grad(), swapformer.cpu_linear(route) if route else contextlib.nullcontext():
         return model.generate(
             prompt,
             max_new_tokens=NEW,
@@ -170,25 +180,27 @@ def measure_memory():
 
 def generation_table(memory: dict, bandwidth: float, rounds: int) -> None:
     print(
-        "| model | transformers tok/s | swapformer tok/s (ratio) | head copy only | no copies "
-        "| copies held during generate (all / head) | peak extra MiB (transformers / swapformer) "
+        "| model | transformers tok/s | swapformer tok/s (ratio) | torch route, copies | torch route, head copy "
+        "| torch route, no copies | copies held during generate (all / head) "
+        "| peak extra MiB (transformers / swapformer) "
         "| weights read per token | swapformer at bandwidth limit |"
     )
     print("|---|---|---|---|---|---|---|---|---|")
     for name in families():
         hf, ours = build(name)
         prompt = torch.randint(5, 1000, (1, PROMPT))
-        same = all(torch.equal(generate(hf, prompt), generate(ours, prompt, c)) for c in VARIANTS.values())
+        same = all(torch.equal(generate(hf, prompt), generate(ours, prompt, v)) for v in VARIANTS.values())
         runs = {"transformers": lambda m=hf, p=prompt: generate(m, p)}
-        for label, choice in VARIANTS.items():
-            runs[label] = lambda m=ours, p=prompt, c=choice: generate(m, p, c)
+        for label, variant in VARIANTS.items():
+            runs[label] = lambda m=ours, p=prompt, v=variant: generate(m, p, v)
         tok = {k: NEW / v for k, v in interleaved(runs, rounds).items()}
         ratio = {k: f"{v:.1f} ({v / tok['transformers']:.2f}x)" for k, v in tok.items()}
         per_token = weight_bytes_per_token(ours)
         limit = bandwidth * 1e9 / per_token
         print(
             f"| {name}{'' if same else ' (tokens differ!)'} | {tok['transformers']:.1f} | {ratio['swapformer']} | "
-            f"{ratio['head copy only']} | {ratio['no copies']} | {copied_mib(ours, 'all'):.0f} / "
+            f"{ratio['torch route, copies']} | {ratio['torch route, head copy']} | {ratio['torch route, no copies']} | "
+            f"{copied_mib(ours, 'all'):.0f} / "
             f"{copied_mib(ours, 'lm_head'):.0f} MiB | {memory[name + '|transformers']:.0f} / "
             f"{memory[name + '|swapformer']:.0f} | {per_token / 2**20:.0f} MiB | "
             f"{100 * tok['swapformer'] / limit:.0f}% of {limit:.0f} tok/s |",
@@ -226,19 +238,24 @@ def step_table(reps: int) -> None:
     """Per decoding step, best of `reps` interleaved: short runs are less disturbed by other processes
     than whole generate() calls. The copying time is paid once per generate() call."""
     print(
-        "\n| model | transformers ms/step | swapformer ms/step (ratio) | head copy only | no copies "
-        "| copying per generate() call (all / head) |"
+        "\n| model | transformers ms/step | swapformer ms/step (ratio) | torch route, copies | torch route, head copy "
+        "| torch route, no copies | copying per generate() call (all / head) |"
     )
-    print("|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|")
     for name in families():
         hf, ours = build(name)
-        runs = {"transformers": (hf, None, decoding_step(hf))}
-        for label, choice in VARIANTS.items():
-            runs[label] = (ours, choice, decoding_step(ours))
+        runs = {"transformers": (hf, None, None, decoding_step(hf))}
+        for label, (route, choice) in VARIANTS.items():
+            if choice == "auto":  # what generate() resolves it to for one row and NEW tokens
+                with swapformer.cpu_linear(route) if route else contextlib.nullcontext():
+                    choice = "all" if DecodingWeights.worth_copying(1, NEW, model=ours) else "none"
+            runs[label] = (ours, route, choice, decoding_step(ours))
         best = dict.fromkeys(runs, float("inf"))
         for _ in range(reps):
-            for label, (model, choice, step) in runs.items():
+            for label, (model, route, choice, step) in runs.items():
                 with contextlib.ExitStack() as lent:
+                    if route is not None:
+                        lent.enter_context(swapformer.cpu_linear(route))
                     if choice is not None:
                         model.decoding_copies = choice
                         lent.enter_context(DecodingWeights.during(model))
@@ -248,8 +265,9 @@ def step_table(reps: int) -> None:
         copying = {c: timed(lambda c=c, m=ours: lend_once(m, c), 3) for c in ("all", "lm_head")}
         ms = {k: f"{v * 1e3:.1f} ({best['transformers'] / v:.2f}x)" for k, v in best.items()}
         print(
-            f"| {name} | {best['transformers'] * 1e3:.1f} | {ms['swapformer']} | {ms['head copy only']} | "
-            f"{ms['no copies']} | {copying['all'] * 1e3:.0f} / {copying['lm_head'] * 1e3:.0f} ms |",
+            f"| {name} | {best['transformers'] * 1e3:.1f} | {ms['swapformer']} | {ms['torch route, copies']} | "
+            f"{ms['torch route, head copy']} | {ms['torch route, no copies']} | {copying['all'] * 1e3:.0f} / "
+            f"{copying['lm_head'] * 1e3:.0f} ms |",
             flush=True,
         )
 
@@ -275,7 +293,7 @@ def main():
     print(f"{machine()}")
     print(
         f"torch {torch.__version__}, {torch.get_num_threads()} threads, fp32; memory bandwidth (sum of 256 MiB): "
-        f"{bandwidth:.1f} GB/s\n"
+        f"{bandwidth:.1f} GB/s; swapformer's CPU linear route: {swapformer.cpu_linear_route()}\n"
     )
     generation_table(memory, bandwidth, args.rounds)
     step_table(args.steps)

@@ -1,6 +1,7 @@
 """swapformer.modeling: attention backends, masks, layers and the three architectures."""
 
 from .int8_cache import Int8Cache, int8_cache
+from .linear import cpu_linear, cpu_linear_route
 from .modeling_base import SwapformerPreTrainedModel
 from .modeling_decoder import DecoderForCausalLM, DecoderForSequenceClassification, DecoderModel
 from .modeling_encoder import (
@@ -26,4 +27,6 @@ __all__ = [
     "Seq2SeqForConditionalGeneration",
     "Int8Cache",
     "int8_cache",
+    "cpu_linear",
+    "cpu_linear_route",
 ]

@@ -50,6 +50,8 @@ _LAZY = {
             "Seq2SeqForConditionalGeneration",
             "Int8Cache",
             "int8_cache",
+            "cpu_linear",
+            "cpu_linear_route",
         ),
         "modeling",
     ),
@@ -93,6 +95,8 @@ if TYPE_CHECKING:  # for type checkers and IDEs; at run time these come from __g
         Seq2SeqForConditionalGeneration,
         Seq2SeqModel,
         SwapformerPreTrainedModel,
+        cpu_linear,
+        cpu_linear_route,
         int8_cache,
     )
 
