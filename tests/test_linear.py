@@ -254,3 +254,14 @@ def test_generate_copies_no_weights_on_the_onednn_route(monkeypatch):
             )
     assert chosen == ["all", "none"]
     assert torch.equal(outputs["torch"], outputs["onednn"])
+
+
+def test_inference_mode_uses_onednn():
+    torch.manual_seed(0)
+    layer, x = Linear(24, 40), torch.randn(3, 24)
+    with torch.inference_mode(), cpu_linear("onednn"):
+        ops = ops_run(lambda: layer(x))
+        out = layer(x)
+        expected = F.linear(x, layer.weight, layer.bias)
+    assert ONEDNN_OP in ops and out.is_inference()
+    assert relative_diff(out, expected) <= 1e-6
