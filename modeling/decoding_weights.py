@@ -36,8 +36,9 @@ class DecodingWeights:
     Accelerate hook (offloading swaps their weights itself), the encoder of an encoder-decoder (it
     runs once per prompt) and cross-attention keys/values (computed once, then cached).
     `model.decoding_copies` chooses: "auto" (default: "all" where the copies pay for themselves, see
-    `worth_copying`, else "none"; they never do for fp32 on the oneDNN route of linear.py), "all", "lm_head" (the largest gain per byte) or "none" (no extra
-    memory, the speed of the Parameters' layout). Copies that would take more than half of the memory
+    `worth_copying`, else "none"; they never do for fp32 on the oneDNN route of linear.py), "all",
+    "lm_head" (the largest gain per byte) or "none" (no extra memory, the speed of the Parameters'
+    layout). Copies that would take more than half of the memory
     available are cut down to the head, or to nothing, with a warning. Concurrent generate() calls on
     one model share one set of copies (counted under a lock; the first call's choice holds).
     """
