@@ -352,7 +352,7 @@ def globals_table(n: int = 8192, counts=(0, 1, 16), rounds: int = 3) -> None:
     )
     print(
         "| allocator | swapformer sparse | same, torch's linear route | LongformerModel | same, linears on oneDNN "
-        "| Longformer / swapformer | both on torch's route | both on oneDNN |"
+        "| Longformer / swapformer | both on torch's route | Longformer on oneDNN / swapformer |"
     )
     print("|---|---|---|---|---|---|---|---|")
     for label, r in (("glibc defaults", default), (f"`GLIBC_TUNABLES={KEEP_FREED}`", kept)):
