@@ -66,14 +66,14 @@ def cpu_linear_route() -> str:
     """The route in force: "onednn" or "torch" ("auto" resolved for this CPU). The environment
     variable is read once, at the first call; `cpu_linear` changes the route at run time."""
     global _default
-    route = _chosen.get()
+    route = _chosen.get()  # `cpu_linear` stores it resolved
     if route is None:
         if _default is None:
             _default = _resolve(
                 _check_route(os.environ.get(ENV, "auto").strip().lower(), f"the environment variable {ENV}")
             )
         return _default
-    return _resolve(route)
+    return route
 
 
 def _resolve(route: str) -> str:
