@@ -126,6 +126,20 @@ def useful_flops(pattern: AttentionPattern) -> float:
     return nonzero_blocks * BLOCK * BLOCK * 4 * HEAD_DIM * HEADS
 
 
+def sparse_work(layout) -> float:
+    """FLOPs the sparse backend computes for one layer: 4 * D per query-key pair it scores, every head,
+    counting each query block's whole band (the window's edges included) and random keys, every query
+    row against the global keys, and each global query row against every key."""
+    rows = layout.n_blocks * layout.block
+    extra = 0 if layout.extra_keys is None else layout.extra_keys.shape[-1]
+    pairs = rows * (layout.band_length + extra)
+    if layout.global_keys is not None:
+        pairs += rows * layout.global_keys.shape[-1]
+    if layout.global_rows is not None:
+        pairs += layout.global_rows.shape[-1] * layout.global_mask.shape[-1]
+    return pairs * 4 * HEAD_DIM * HEADS
+
+
 def backend_function(backend: str):
     """The function a swapformer layer calls for `backend`."""
     from transformers.integrations.flex_attention import flex_attention_forward
@@ -298,7 +312,9 @@ def globals_table(n: int = 8192, counts=(0, 1, 16), rounds: int = 3) -> None:
         f"(sliding_window={WINDOW}), block {BLOCK}; g leading global tokens (0: a plain sliding window).\n"
         "core: the attention call alone; mask: building the layer's mask (BlockLayout; a model builds it once per "
         "layer type per forward); layer = mask + core, what one layer pays. SDPA (dense mask) and flex (compiled, "
-        "BlockMask) times include building their masks. Forward+backward: masks built beforehand.\n"
+        "BlockMask) times include building their masks. Forward+backward: masks built beforehand. work / work(0): "
+        "the FLOPs the sparse core computes against those of the plain window (attention_sparse.sparse_work), the "
+        "core ratio's floor if the global tokens' products ran as fast as the window's.\n"
     )
     torch.manual_seed(0)
     q, k, v = (torch.randn(1, HEADS, n, HEAD_DIM) for _ in range(3))
@@ -330,16 +346,17 @@ def globals_table(n: int = 8192, counts=(0, 1, 16), rounds: int = 3) -> None:
         side = interleaved(cores, 10)
     base_core, base_layer = side[f"core {counts[0]}"], side[f"core {counts[0]}"] + side[f"mask {counts[0]}"]
     print(
-        "| globals | sparse core (ms) | mask (ms) | core / core(0) | layer / layer(0) | SDPA-dense (ms) | SDPA / sparse layer "
+        "| globals | sparse core (ms) | mask (ms) | core / core(0) | work / work(0) | layer / layer(0) | SDPA-dense (ms) | SDPA / sparse layer "
         "| flex (ms) | flex / sparse layer | fwd+bwd SDPA (ms) | fwd+bwd sparse (ms) | SDPA / sparse fwd+bwd |"
     )
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for g in counts:
         r = rows[g]
         core_ratio = side[f"core {g}"] / base_core
+        work_ratio = sparse_work(layouts[g]) / sparse_work(layouts[counts[0]])
         layer_ratio = (side[f"core {g}"] + side[f"mask {g}"]) / base_layer
         print(
-            f"| {g} | {r['core'] * 1e3:.1f} | {r['mask'] * 1e3:.1f} | {core_ratio:.3f} | {layer_ratio:.3f} "
+            f"| {g} | {r['core'] * 1e3:.1f} | {r['mask'] * 1e3:.1f} | {core_ratio:.3f} | {work_ratio:.3f} | {layer_ratio:.3f} "
             f"| {r['sdpa'] * 1e3:.0f} | {r['sdpa'] / r['layer']:.1f}x | {r['flex'] * 1e3:.0f} | {r['flex'] / r['layer']:.1f}x "
             f"| {r['fb sdpa'] * 1e3:.0f} | {r['fb sparse'] * 1e3:.0f} | {r['fb sdpa'] / r['fb sparse']:.1f}x |",
             flush=True,

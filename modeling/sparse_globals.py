@@ -23,10 +23,13 @@ def merge(q, k1, v1, p2, l2, v2, mask1, dead1, scale, target=None):
         (e^l1 o1 + e^l2 o2) / (e^l1 + e^l2)  =  o1 + sigmoid(l2 - l1) (o2 - o1).
 
     Segment 1 holds no key for a row where `dead1` (B*m, 1, G*b) is True (the kernel then returns 0
-    and a meaningless l1, replaced by -inf). Writes the output (B, m, K, G, b, D) into `target` when
-    given (no gradients) and returns None; otherwise returns (output (B*m, K, G*b, D), the union's
-    log-sum-exp (B*m, K, G*b))."""
-    batch, kv_heads, groups, n_glob, m, b = p2.shape
+    and a meaningless l1, replaced by -inf). With a single global key and no gradients `p2` may be
+    None: every probability is 1 and o2 is that key's value, so the matmul and the (B*m, K, G*b, D)
+    tensor it writes are skipped. Writes the output (B, m, K, G, b, D) into `target` when given (no
+    gradients) and returns None; otherwise returns (output (B*m, K, G*b, D), the union's log-sum-exp
+    (B*m, K, G*b))."""
+    batch, kv_heads, groups, m, b = l2.shape
+    n_glob = v2.shape[2]
     o1, l1 = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
         q, k1, v1, attn_mask=mask1, scale=scale
     )
@@ -34,8 +37,11 @@ def merge(q, k1, v1, p2, l2, v2, mask1, dead1, scale, target=None):
         l1 = l1.masked_fill_(dead1, float("-inf"))
     l1 = l1.view(batch, m, kv_heads, groups, b).permute(0, 2, 3, 1, 4)  # (B, K, G, m, b)
     share = torch.sigmoid(l2 - l1).permute(0, 3, 1, 2, 4)[..., None]  # (B, m, K, G, b, 1)
-    o2 = torch.matmul(p2.view(batch, kv_heads, groups, n_glob, -1).transpose(-1, -2), v2[:, :, None])
-    o2 = o2.view(batch, kv_heads, groups, m, b, -1).permute(0, 3, 1, 2, 4, 5)  # (B, m, K, G, b, D)
+    if p2 is None:
+        o2 = v2.reshape(batch, 1, kv_heads, 1, 1, -1)  # broadcast over (m, G, b)
+    else:
+        o2 = torch.matmul(p2.view(batch, kv_heads, groups, n_glob, -1).transpose(-1, -2), v2[:, :, None])
+        o2 = o2.view(batch, kv_heads, groups, m, b, -1).permute(0, 3, 1, 2, 4, 5)  # (B, m, K, G, b, D)
     o1 = o1.view(batch, m, kv_heads, groups, b, -1)
     if target is not None:
         torch.lerp(o1, o2, share, out=target)

@@ -461,20 +461,23 @@ def _layer_pattern(
     )
 
 
+@pytest.mark.parametrize("globals_per_row", [[1, 3], [1, 1], [0, 1]], ids=["1-3", "1-1", "0-1"])
 @pytest.mark.parametrize("kv_heads", [4, 2], ids=["mha", "gqa"])
 @pytest.mark.parametrize("padding", ["none", "left", "right"])
 @pytest.mark.parametrize("causal", [False, True], ids=["bidirectional", "causal"])
-def test_sparse_global_segment_merged_by_logsumexp(causal, padding, kv_heads, monkeypatch):
+def test_sparse_global_segment_merged_by_logsumexp(causal, padding, kv_heads, globals_per_row, monkeypatch):
     """The global keys run as one segment beside each block's band, merged by log-sum-exp; that equals
     dense SDPA with the pattern's mask and the path that copies the global keys behind every block's
     band, outputs (with and without gradients, chunked or not) and gradients, in fp64. Rows without
-    any key (causal, left padding) come out 0 on both sparse paths."""
+    any key (causal, left padding) come out 0 on both sparse paths. One global key (1-1, 0-1: the
+    second also a row where it is masked) takes the no-gradient path that skips its softmax and
+    matmul."""
     from swapformer.modeling import sparse
     from swapformer.modeling.lowering import lower
 
-    pattern = _layer_pattern(causal, padding, [1, 3])
+    pattern = _layer_pattern(causal, padding, globals_per_row)
     layout = lower(pattern, "sparse", torch.float64)
-    assert layout.global_keys is not None and layout.global_keys.shape[1] == 3
+    assert layout.global_keys is not None and layout.global_keys.shape[1] == max(globals_per_row)
     torch.manual_seed(0)
     q = torch.randn(2, 4, 45, 8, dtype=torch.float64, requires_grad=True)
     k, v = (torch.randn(2, kv_heads, 45, 8, dtype=torch.float64, requires_grad=True) for _ in range(2))
