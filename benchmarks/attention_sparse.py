@@ -37,6 +37,7 @@ import dataclasses
 import json
 import os
 import resource
+import statistics
 import subprocess
 import sys
 
@@ -342,8 +343,9 @@ def globals_table(n: int = 8192, counts=(0, 1, 16), rounds: int = 3) -> None:
             module, q, k, v, layout, scaling=HEAD_DIM**-0.5
         )[0]
         cores[f"mask {g}"] = lambda pattern=patterns[g]: lower(pattern, "sparse", q.dtype)
+    per_round = {}
     with torch.no_grad():
-        side = interleaved(cores, 10)
+        side = interleaved(cores, 10, per_round)
     base_core, base_layer = side[f"core {counts[0]}"], side[f"core {counts[0]}"] + side[f"mask {counts[0]}"]
     print(
         "| globals | sparse core (ms) | mask (ms) | core / core(0) | work / work(0) | layer / layer(0) | SDPA-dense (ms) | SDPA / sparse layer "
@@ -360,6 +362,15 @@ def globals_table(n: int = 8192, counts=(0, 1, 16), rounds: int = 3) -> None:
             f"| {r['sdpa'] * 1e3:.0f} | {r['sdpa'] / r['layer']:.1f}x | {r['flex'] * 1e3:.0f} | {r['flex'] / r['layer']:.1f}x "
             f"| {r['fb sdpa'] * 1e3:.0f} | {r['fb sparse'] * 1e3:.0f} | {r['fb sdpa'] / r['fb sparse']:.1f}x |",
             flush=True,
+        )
+    # the spread within this run: ratios of calls made one after the other, round by round
+    base = per_round[f"core {counts[0]}"]
+    for g in counts[1:]:
+        ratios = [a / b for a, b in zip(per_round[f"core {g}"], base)]
+        low, middle, high = statistics.quantiles(ratios, n=4)
+        print(
+            f"core({g}) / core({counts[0]}) round by round, same run: median {middle:.3f}, "
+            f"quartiles {low:.3f}-{high:.3f}, {len(ratios)} rounds"
         )
     default, kept = encoder_pair(2), encoder_child(2)
     print(

@@ -38,8 +38,9 @@ def timed(fn, repeats: int, budget: float = 3.0) -> float:
     return min(times)
 
 
-def interleaved(fns: dict, rounds: int = 10) -> dict:
-    """Best time of each function, the functions run in turn so they share the machine's state."""
+def interleaved(fns: dict, rounds: int = 10, times: dict | None = None) -> dict:
+    """Best time of each function, the functions run in turn so they share the machine's state. Every
+    round's times are appended to `times[name]` when a dict is given (for per-round ratios)."""
     for fn in fns.values():
         fn()
     best = dict.fromkeys(fns, float("inf"))
@@ -47,7 +48,10 @@ def interleaved(fns: dict, rounds: int = 10) -> dict:
         for name, fn in fns.items():
             start = time.perf_counter()
             fn()
-            best[name] = min(best[name], time.perf_counter() - start)
+            elapsed = time.perf_counter() - start
+            best[name] = min(best[name], elapsed)
+            if times is not None:
+                times.setdefault(name, []).append(elapsed)
     return best
 
 

@@ -91,8 +91,8 @@ def global_scores(q_rows, k_glob, key_mask, block):
     """Masked scores of the query rows of m blocks of b = `block` rows (B, H, m*b, D) against the
     global keys (B, K, Gk, D), already multiplied by the softmax scale: (B, K, G, Gk, m, b), with the
     blocks' global-key mask
-    (B, m, 1 or H, b, Gk), or None where it masks nothing. Computed chunk by chunk, right after the
-    fused kernel has read the same queries, so no (B, H, Gk, T) score tensor is ever held. Masked
+    (B, m, 1 or H, b, Gk), or None where it masks nothing. Computed chunk by chunk, just before the
+    fused kernel reads the same queries, so no (B, H, Gk, T) score tensor is ever held. Masked
     scores are the lowest float rather than -inf, so that a row seeing none of the global keys gets a
     finite log-sum-exp (and weight 0 in the merge)."""
     batch, heads, rows, d = q_rows.shape
