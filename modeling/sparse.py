@@ -192,8 +192,8 @@ def _attend_blocks(
         key_mask = layout.global_key_mask[:, j : j + m] if any(glob.masked_blocks[j : j + m]) else None
         q_rows = glob.queries[:, :, j * layout.block : (j + m) * layout.block]
         s2 = global_scores(q_rows, glob.keys, key_mask, layout.block)  # (B, K, G, Gk, m, b)
-        if s2.shape[3] == 1 and not glob.grad:  # one global key: probability 1, log-sum-exp its score
-            p2, l2 = None, s2[:, :, :, 0]
+        if s2.shape[3] == 1:  # one global key: probability 1, log-sum-exp its score
+            p2, l2 = None, s2.detach()[:, :, :, 0]
         else:
             p2, l2 = softmax_and_lse(s2.detach(), dim=3)
         dead = None

@@ -23,9 +23,9 @@ def merge(q, k1, v1, p2, l2, v2, mask1, dead1, scale, target=None):
         (e^l1 o1 + e^l2 o2) / (e^l1 + e^l2)  =  o1 + sigmoid(l2 - l1) (o2 - o1).
 
     Segment 1 holds no key for a row where `dead1` (B*m, 1, G*b) is True (the kernel then returns 0
-    and a meaningless l1, replaced by -inf). With a single global key and no gradients `p2` may be
-    None: every probability is 1 and o2 is that key's value, so the matmul and the (B*m, K, G*b, D)
-    tensor it writes are skipped. Writes the output (B, m, K, G, b, D) into `target` when given (no
+    and a meaningless l1, replaced by -inf). With a single global key `p2` may be None: every
+    probability is 1 and o2 is that key's value, so the matmul and the (B*m, K, G*b, D) tensor it
+    writes are skipped (`MergedSegments.backward` recomputes its probabilities from `s2`). Writes the output (B, m, K, G, b, D) into `target` when given (no
     gradients) and returns None; otherwise returns (output (B*m, K, G*b, D), the union's log-sum-exp
     (B*m, K, G*b))."""
     batch, kv_heads, groups, m, b = l2.shape

@@ -470,8 +470,7 @@ def test_sparse_global_segment_merged_by_logsumexp(causal, padding, kv_heads, gl
     dense SDPA with the pattern's mask and the path that copies the global keys behind every block's
     band, outputs (with and without gradients, chunked or not) and gradients, in fp64. Rows without
     any key (causal, left padding) come out 0 on both sparse paths. One global key (1-1, 0-1: the
-    second also a row where it is masked) takes the no-gradient path that skips its softmax and
-    matmul."""
+    second also a row where it is masked) takes the path that skips its softmax and matmul."""
     from swapformer.modeling import sparse
     from swapformer.modeling.lowering import lower
 
