@@ -25,9 +25,9 @@ def merge(q, k1, v1, p2, l2, v2, mask1, dead1, scale, target=None):
     Segment 1 holds no key for a row where `dead1` (B*m, 1, G*b) is True (the kernel then returns 0
     and a meaningless l1, replaced by -inf). With a single global key `p2` may be None: every
     probability is 1 and o2 is that key's value, so the matmul and the (B*m, K, G*b, D) tensor it
-    writes are skipped (`MergedSegments.backward` recomputes its probabilities from `s2`). Writes the output (B, m, K, G, b, D) into `target` when given (no
-    gradients) and returns None; otherwise returns (output (B*m, K, G*b, D), the union's log-sum-exp
-    (B*m, K, G*b))."""
+    writes are skipped (`MergedSegments.backward` recomputes its probabilities from `s2`). Writes the
+    output (B, m, K, G, b, D) into `target` when given (no gradients) and returns None; otherwise
+    returns (output (B*m, K, G*b, D), the union's log-sum-exp (B*m, K, G*b))."""
     batch, kv_heads, groups, m, b = l2.shape
     n_glob = v2.shape[2]
     o1, l1 = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
