@@ -29,7 +29,6 @@ def merge(q, k1, v1, p2, l2, v2, mask1, dead1, scale, target=None):
     output (B, m, K, G, b, D) into `target` when given (no gradients) and returns None; otherwise
     returns (output (B*m, K, G*b, D), the union's log-sum-exp (B*m, K, G*b))."""
     batch, kv_heads, groups, m, b = l2.shape
-    n_glob = v2.shape[2]
     o1, l1 = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
         q, k1, v1, attn_mask=mask1, scale=scale
     )
@@ -40,7 +39,7 @@ def merge(q, k1, v1, p2, l2, v2, mask1, dead1, scale, target=None):
     if p2 is None:
         o2 = v2.reshape(batch, 1, kv_heads, 1, 1, -1)  # broadcast over (m, G, b)
     else:
-        o2 = torch.matmul(p2.view(batch, kv_heads, groups, n_glob, -1).transpose(-1, -2), v2[:, :, None])
+        o2 = torch.matmul(p2.view(batch, kv_heads, groups, v2.shape[2], -1).transpose(-1, -2), v2[:, :, None])
         o2 = o2.view(batch, kv_heads, groups, m, b, -1).permute(0, 3, 1, 2, 4, 5)  # (B, m, K, G, b, D)
     o1 = o1.view(batch, m, kv_heads, groups, b, -1)
     if target is not None:
