@@ -27,15 +27,20 @@ def peak_extra_mib(fn) -> float:
     return (peak - before) / 1024
 
 
-def timed(fn, repeats: int, budget: float = 3.0) -> float:
-    """Best of `repeats` runs after a warm-up, or of more while they fit in `budget` s (at most 20)."""
-    fn()  # warm-up (and, for compiled kernels, compilation)
+def best_of(fn, repeats: int, budget: float) -> float:
+    """Best time of `repeats` calls of `fn`, or of more while they fit in `budget` s (at most 20)."""
     times = []
     while len(times) < repeats or (sum(times) < budget and len(times) < 20):
         start = time.perf_counter()
         fn()
         times.append(time.perf_counter() - start)
     return min(times)
+
+
+def timed(fn, repeats: int, budget: float = 3.0) -> float:
+    """Best of `repeats` runs after a warm-up, or of more while they fit in `budget` s (at most 20)."""
+    fn()  # warm-up (and, for compiled kernels, compilation)
+    return best_of(fn, repeats, budget)
 
 
 def interleaved(fns: dict, rounds: int = 10, times: dict | None = None, round_s: float = 0.0) -> dict:
@@ -51,12 +56,7 @@ def interleaved(fns: dict, rounds: int = 10, times: dict | None = None, round_s:
     best = dict.fromkeys(fns, float("inf"))
     for _ in range(rounds):
         for name, fn in fns.items():
-            turn, spent, calls = float("inf"), 0.0, 0
-            while calls == 0 or (spent < round_s and calls < 20):
-                start = time.perf_counter()
-                fn()
-                elapsed = time.perf_counter() - start
-                turn, spent, calls = min(turn, elapsed), spent + elapsed, calls + 1
+            turn = best_of(fn, 1, round_s)
             best[name] = min(best[name], turn)
             if times is not None:
                 times.setdefault(name, []).append(turn)
