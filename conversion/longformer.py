@@ -14,15 +14,18 @@ aside; the same LM head) with another self-attention:
 - `LongformerForSequenceClassification` makes the first token global when it gets no
   `global_attention_mask`; the converted classifier has `global_tokens=1`, so its first token is
   always global (also when a `global_attention_mask` that leaves it out is passed, where Longformer
-  would not make it global).
+  would not make it global). Its head reads position 0, like Longformer's: on a left-padded row that is
+  a padding token, whose output the two models do not compute alike, so classify right-padded rows
+  (RoBERTa's and Longformer's tokenizers pad on the right).
 
 transformers pads each batch to a multiple of the window inside the forward (padding that no token
 attends to); swapformer needs no such padding, and the outputs on real tokens are the same.
 
 What cannot map is refused, naming the field: windows that differ per layer (swapformer has one
-`sliding_window`), odd or non-positive windows, a dilated window (`attention_dilation` of the original
-allenai configs; transformers' Longformer has none either), a masked-LM head with another activation
-than GELU. `LongformerForQuestionAnswering` and `LongformerForMultipleChoice` are not converted: they
+`sliding_window`), odd or non-positive windows, a window that reaches every position the table
+holds (swapformer's windows must cut, and its full-attention layers have no global projections), a
+dilated window (`attention_dilation` of the original allenai configs; transformers' Longformer has
+none either), a masked-LM head with another activation than GELU. `LongformerForQuestionAnswering` and `LongformerForMultipleChoice` are not converted: they
 derive global tokens from `sep_token_id` inside the forward.
 """
 
@@ -110,9 +113,19 @@ def config_from_hf(hf) -> EncoderConfig:
     if hf.pad_token_id is None:
         raise ConversionError("Longformer needs pad_token_id: its positions start at pad_token_id + 1")
     window = window_of(hf)
+    positions = hf.max_position_embeddings - position_offset(hf)
+    if window // 2 + 1 >= positions:
+        raise ConversionError(
+            f"LongformerConfig.attention_window={window} reaches {window // 2} keys on each side, which covers "
+            f"all {positions} positions this model can read (max_position_embeddings="
+            f"{hf.max_position_embeddings} less the padding offset {position_offset(hf)}). swapformer refuses a "
+            "window that never cuts (full_attention expresses that), and its full_attention layers have no "
+            "global projections, so this model has no counterpart. A checkpoint whose window is shorter than "
+            f"its inputs can be (attention_window <= {2 * (positions - 2)})"
+        )
     return encoder_config(
         hf,
-        max_position_embeddings=hf.max_position_embeddings - position_offset(hf),
+        max_position_embeddings=positions,
         add_pooling_layer=False,  # only LongformerModel has one (its Architecture says so)
         # Longformer's heads drop out with hidden_dropout_prob; it has no classifier_dropout
         classifier_dropout=None,

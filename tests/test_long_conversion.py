@@ -14,6 +14,8 @@ import re
 import pytest
 import torch
 import transformers as T
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from test_conversion import (
     SENTENCES,
     bert_config,
@@ -29,6 +31,8 @@ import swapformer
 from swapformer.cli import main
 from swapformer.conversion import ConversionError, convert, stretch
 from swapformer.conversion import checkpoint as convert_module
+
+from conftest import scramble_
 
 LONG = dict(layer_types="sliding_global_attention", global_tokens=1)
 QUIET = dict(log=lambda line: None)
@@ -115,6 +119,47 @@ def test_stretched_roberta_is_longformer(tmp_path, report):
     dense = T.AutoModel.from_pretrained(tmp_path / "long", layer_types=["full_attention"] * 2).eval()
     with torch.no_grad():
         assert real_diff(dense(input_ids=long_ids, attention_mask=long_mask).last_hidden_state, expected_long, long_mask) > 1e-2  # fmt: skip
+
+
+@settings(max_examples=60, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    source_positions=st.integers(6, 40),
+    extra_positions=st.integers(1, 80),
+    window=st.integers(3, 30),  # Longformer fails at attention_window=2 (window 2)
+    global_tokens=st.integers(0, 3),
+    lengths=st.lists(st.integers(1, 120), min_size=1, max_size=3),
+    backend=st.sampled_from(["eager", "sdpa", "sparse"]),
+)
+def test_stretched_roberta_is_longformer_on_drawn_cases(
+    source_positions, extra_positions, window, global_tokens, lengths, backend
+):
+    """Drawn sizes: the stretched model gives Longformer's outputs (Longformer made from the same
+    RoBERTa by its authors' recipe, its first `global_tokens` tokens marked global) at every length up
+    to the new table, and the source's own outputs on inputs no longer than the window."""
+    max_length = source_positions + extra_positions
+    window = min(window, max_length - 1)
+    lengths = [min(n, max_length) for n in lengths]
+    config = roberta_config()
+    config.max_position_embeddings = source_positions + 2  # RoBERTa's offset of 2
+    torch.manual_seed(0)
+    roberta = T.RobertaModel(config).eval()
+    scramble_(roberta)
+    ours = stretch(roberta, max_length=max_length, layer_types="sliding_global_attention", window=window,
+                   global_tokens=global_tokens).eval()  # fmt: skip
+    ours.set_attn_implementation(backend)
+    length = max(lengths)
+    ids = torch.randint(2, 97, (len(lengths), length), generator=torch.Generator().manual_seed(length))
+    mask = (torch.arange(length) < torch.tensor(lengths)[:, None]).long()
+    ids[mask == 0] = 1
+    marks = (torch.arange(length) < global_tokens).long().expand_as(mask)
+    with torch.no_grad():
+        got = ours(input_ids=ids, attention_mask=mask).last_hidden_state
+        want = longformer_from(roberta, max_length, window)(
+            input_ids=ids, attention_mask=mask, global_attention_mask=marks
+        ).last_hidden_state
+        assert real_diff(got, want, mask) <= 1e-5
+        if length <= min(window, source_positions):
+            assert real_diff(got, roberta(input_ids=ids, attention_mask=mask).last_hidden_state, mask) <= 1e-5
 
 
 def test_stretch_takes_a_model_or_a_folder_and_leaves_the_source(tmp_path):

@@ -9,6 +9,8 @@ import copy
 import pytest
 import torch
 import transformers as T
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 import swapformer
 from swapformer.cli import main
@@ -310,6 +312,68 @@ def test_length_that_is_not_a_multiple_of_the_window():
         assert max_diff(model(**batch).logits, hf(**batch).logits, batch["attention_mask"]) <= 1e-5
 
 
+CLASSES = {
+    "model": (T.LongformerModel, swapformer.EncoderModel),
+    "mlm": (T.LongformerForMaskedLM, swapformer.EncoderForMaskedLM),
+    "cls": (T.LongformerForSequenceClassification, swapformer.EncoderForSequenceClassification),
+}
+
+
+@st.composite
+def longformer_cases(draw):
+    """A tiny Longformer and a batch: window, length, heads, layers, rows of different lengths padded
+    on either side, and global marks anywhere (none, a few, padding positions included).
+
+    The classifier reads position 0, so its rows are right-padded (on a left-padded row position 0 is
+    padding, whose output neither model specifies alike) and their first token is marked (the
+    converted classifier's first token is always global; Longformer's only when no mask is given or
+    the mask marks it: conversion/longformer.py)."""
+    head = draw(st.sampled_from(list(CLASSES)))
+    length = draw(st.integers(1, 90))
+    lengths = [length] + draw(st.lists(st.integers(1, length), max_size=2))
+    side = "right" if head == "cls" else draw(st.sampled_from(["left", "right"]))
+    mask = torch.zeros(len(lengths), length, dtype=torch.long)
+    for row, n in enumerate(lengths):
+        mask[row, slice(0, n) if side == "right" else slice(length - n, length)] = 1
+    marked = draw(
+        st.lists(st.tuples(st.integers(0, len(lengths) - 1), st.integers(0, length - 1)), max_size=6)
+    )
+    marks = torch.zeros_like(mask)
+    for row, position in marked:
+        marks[row, position] = 1
+    if head == "cls":
+        marks[:, 0] = 1
+    ids = torch.randint(2, 101, mask.shape, generator=torch.Generator().manual_seed(draw(st.integers(0, 9))))
+    ids[mask == 0] = 1
+    config = longformer_config(
+        attention_window=2 * draw(st.integers(2, 12)),  # transformers' own code fails at a window of 2
+        num_attention_heads=draw(st.sampled_from([1, 2, 4])),
+        num_hidden_layers=draw(st.integers(1, 2)),
+        max_position_embeddings=length + 26,  # a table longer than the window: see TestLongformerRefuses
+        num_labels=3,
+    )
+    return head, config, dict(input_ids=ids, attention_mask=mask, global_attention_mask=marks)
+
+
+@settings(max_examples=100, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
+@given(case=longformer_cases())
+def test_converted_longformer_equals_longformer_on_drawn_cases(case):
+    """Beyond the fixed case at 4096 tokens: windows, lengths (shorter than a window too), padding on
+    either side and global marks drawn by hypothesis; every backend gives Longformer's outputs on the
+    real tokens (or its logits) within 1e-5."""
+    head, config, batch = case
+    hf_class, ours = CLASSES[head]
+    hf = source(hf_class, config)
+    model = from_hf_model(hf, ours)
+    with torch.no_grad():
+        want = output(hf(**batch))
+        for attn in ("eager", "sdpa", "sparse"):
+            model.set_attn_implementation(attn)
+            got = output(model(**batch))
+            tokens = batch["attention_mask"] if got.dim() == 3 else None
+            assert max_diff(got, want, tokens) <= 1e-5, attn
+
+
 def test_cli_converts_a_longformer_folder_and_back(tmp_path, capsys, report):
     """`swapformer convert` on a saved LongformerForMaskedLM folder, then `--to-hf`: both directions
     verified by the command, the round trip bit for bit, and all three models agree at 4096 tokens."""
@@ -343,6 +407,16 @@ class TestLongformerRefuses:
         hf.config.attention_dilation = [2, 2]
         with pytest.raises(ConversionError, match=r"attention_dilation=\[2, 2\] cannot map"):
             from_hf_model(hf, swapformer.EncoderModel)
+
+    def test_a_window_that_covers_every_position(self):
+        hf = source(T.LongformerModel, longformer_config(max_position_embeddings=12, attention_window=18))
+        with pytest.raises(ConversionError, match=r"attention_window=18 .* all 10 positions .* <= 16"):
+            from_hf_model(hf, swapformer.EncoderModel)
+        config = longformer_config(max_position_embeddings=12, attention_window=16)  # 8 each side: cuts at 10
+        assert (
+            from_hf_model(source(T.LongformerModel, config), swapformer.EncoderModel).config.sliding_window
+            == 9
+        )
 
     def test_a_masked_lm_head_without_gelu(self):
         hf = source(T.LongformerForMaskedLM, longformer_config(hidden_act="relu"))
