@@ -25,8 +25,9 @@ What cannot map is refused, naming the field: windows that differ per layer (swa
 `sliding_window`), odd or non-positive windows, a window that reaches every position the table
 holds (swapformer's windows must cut, and its full-attention layers have no global projections), a
 dilated window (`attention_dilation` of the original allenai configs; transformers' Longformer has
-none either), a masked-LM head with another activation than GELU. `LongformerForQuestionAnswering` and `LongformerForMultipleChoice` are not converted: they
-derive global tokens from `sep_token_id` inside the forward.
+none either), a masked-LM head with another activation than GELU. `LongformerForQuestionAnswering`
+and `LongformerForMultipleChoice` are not converted: they derive global tokens from `sep_token_id`
+inside the forward.
 """
 
 from __future__ import annotations
@@ -116,12 +117,12 @@ def config_from_hf(hf) -> EncoderConfig:
     positions = hf.max_position_embeddings - position_offset(hf)
     if window // 2 + 1 >= positions:
         raise ConversionError(
-            f"LongformerConfig.attention_window={window} reaches {window // 2} keys on each side, which covers "
-            f"all {positions} positions this model can read (max_position_embeddings="
-            f"{hf.max_position_embeddings} less the padding offset {position_offset(hf)}). swapformer refuses a "
-            "window that never cuts (full_attention expresses that), and its full_attention layers have no "
-            "global projections, so this model has no counterpart. A checkpoint whose window is shorter than "
-            f"its inputs can be (attention_window <= {2 * (positions - 2)})"
+            f"LongformerConfig.attention_window={window} reaches {window // 2} keys on each side, so with "
+            f"max_position_embeddings={hf.max_position_embeddings} ({positions} positions after the padding "
+            f"offset of {position_offset(hf)}) every token sees every other. swapformer refuses a window that "
+            "never cuts (full_attention expresses that), and its full_attention layers have no global "
+            f"projections, so this model cannot convert; at this length, windows up to attention_window="
+            f"{2 * (positions - 2)} can"
         )
     return encoder_config(
         hf,
