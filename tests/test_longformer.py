@@ -325,9 +325,9 @@ def longformer_cases(draw):
     on either side, and global marks anywhere (none, a few, padding positions included).
 
     The classifier reads position 0, so its rows are right-padded (on a left-padded row position 0 is
-    padding, whose output neither model specifies alike) and their first token is marked (the
-    converted classifier's first token is always global; Longformer's only when no mask is given or
-    the mask marks it: conversion/longformer.py)."""
+    a padding token, whose output the two models compute differently) and their first token is marked
+    (the converted classifier's first token is always global; Longformer's only when no mask is given
+    or the mask marks it: conversion/longformer.py)."""
     head = draw(st.sampled_from(list(CLASSES)))
     length = draw(st.integers(1, 90))
     lengths = [length] + draw(st.lists(st.integers(1, length), max_size=2))
