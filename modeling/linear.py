@@ -12,8 +12,11 @@ copied or cached: a changed weight is read as it is); everywhere else it is `nn.
 The route applies to a call when all hold:
 - the route is on: `cpu_linear(route)` (a context manager) or else the environment variable
   SWAPFORMER_CPU_LINEAR says "onednn", or they say "auto" (the default) and torch reports AVX-512 for
-  this CPU (`torch.backends.cpu.get_cpu_capability()`); "torch" turns it off. On AVX2-only CPUs the
-  route was not measured, so "auto" leaves torch's choice there;
+  this CPU (`torch.backends.cpu.get_cpu_capability()`); "torch" turns it off. No AVX2-only CPU was
+  at hand, so "auto" leaves torch's choice there. Emulated on the Zen 5 (oneDNN held to AVX2 with
+  ONEDNN_MAX_CPU_ISA=AVX2; MKL runs its AVX2 code there anyway) oneDNN ran at 0.98-1.35x MKL's speed
+  per product from 64 rows up and 1.09-1.17x on whole forwards (docs/benchmarks.md): a small gain,
+  measured on one vendor's hardware only, so SWAPFORMER_CPU_LINEAR=onednn is there to opt in;
 - torch's own switch for oneDNN is on (`torch.backends.mkldnn.enabled`, e.g. not inside
   `torch.backends.mkldnn.flags(enabled=False)`);
 - the input, weight and bias are plain fp32 CPU tensors (a quantized or wrapped weight, a DTensor or
