@@ -114,12 +114,14 @@ def config_from_hf(hf) -> EncoderConfig:
     if hf.pad_token_id is None:
         raise ConversionError("Longformer needs pad_token_id: its positions start at pad_token_id + 1")
     window = window_of(hf)
-    positions = hf.max_position_embeddings - position_offset(hf)
-    if window // 2 + 1 >= positions:
+    sliding_window = window // 2 + 1  # |q - k| <= w/2
+    offset = position_offset(hf)
+    positions = hf.max_position_embeddings - offset
+    if sliding_window >= positions:
         raise ConversionError(
             f"LongformerConfig.attention_window={window} reaches {window // 2} keys on each side, so with "
             f"max_position_embeddings={hf.max_position_embeddings} ({positions} positions after the padding "
-            f"offset of {position_offset(hf)}) every token sees every other. swapformer refuses a window that "
+            f"offset of {offset}) every token sees every other. swapformer refuses a window that "
             "never cuts (full_attention expresses that), and its full_attention layers have no global "
             f"projections, so this model cannot convert; at this length, windows up to attention_window="
             f"{2 * (positions - 2)} can"
@@ -131,7 +133,7 @@ def config_from_hf(hf) -> EncoderConfig:
         # Longformer's heads drop out with hidden_dropout_prob; it has no classifier_dropout
         classifier_dropout=None,
         layer_types=["sliding_global_attention"] * hf.num_hidden_layers,
-        sliding_window=window // 2 + 1,  # |q - k| <= w/2
+        sliding_window=sliding_window,
         global_projections=True,
     )
 

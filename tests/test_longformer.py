@@ -255,15 +255,15 @@ def output(out):
     return out.logits if getattr(out, "logits", None) is not None else out.last_hidden_state
 
 
-@pytest.mark.parametrize(
-    "hf_class, ours",
-    [
-        (T.LongformerModel, swapformer.EncoderModel),
-        (T.LongformerForMaskedLM, swapformer.EncoderForMaskedLM),
-        (T.LongformerForSequenceClassification, swapformer.EncoderForSequenceClassification),
-    ],
-    ids=["model", "mlm", "cls"],
-)
+# The converted classes: transformers' Longformer head and swapformer's counterpart.
+CLASSES = {
+    "model": (T.LongformerModel, swapformer.EncoderModel),
+    "mlm": (T.LongformerForMaskedLM, swapformer.EncoderForMaskedLM),
+    "cls": (T.LongformerForSequenceClassification, swapformer.EncoderForSequenceClassification),
+}
+
+
+@pytest.mark.parametrize("hf_class, ours", list(CLASSES.values()), ids=list(CLASSES))
 def test_converted_longformer_equals_longformer_at_4096_tokens(hf_class, ours, report):
     hf = source(hf_class, longformer_config(num_labels=3))
     model = from_hf_model(hf, ours)
@@ -310,13 +310,6 @@ def test_length_that_is_not_a_multiple_of_the_window():
     batch = long_batch(101)
     with torch.no_grad():
         assert max_diff(model(**batch).logits, hf(**batch).logits, batch["attention_mask"]) <= 1e-5
-
-
-CLASSES = {
-    "model": (T.LongformerModel, swapformer.EncoderModel),
-    "mlm": (T.LongformerForMaskedLM, swapformer.EncoderForMaskedLM),
-    "cls": (T.LongformerForSequenceClassification, swapformer.EncoderForSequenceClassification),
-}
 
 
 @st.composite
