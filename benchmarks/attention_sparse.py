@@ -25,8 +25,10 @@ page then costs a page fault and zero-filling when first written. LongformerMode
 million such faults per forward at 4096 tokens, swapformer thousands, so the ratio depends
 on the allocator; both are printed, with the faults per forward. swapformer's linear layers run on
 its CPU linear route (modeling/linear.py: oneDNN where torch reports AVX-512, where torch's MKL route
-leaves it unused on AMD CPUs); --globals also times swapformer on torch's route and Longformer with its
-linear layers on the same oneDNN op, so that the table says how much of the ratio the route makes.
+leaves it unused on AMD CPUs) and its sparse attention on the native CPU kernels where they apply
+(modeling/sparse_native.py); --globals also times swapformer on torch's routes for both (what "auto"
+picks without AVX-512), the layer's cores on the PyTorch sparse path, and Longformer with its linear
+layers on the same oneDNN op, so that the table says how much of each ratio the routes make.
 """
 
 from __future__ import annotations
@@ -307,6 +309,7 @@ def globals_table(n: int = 8192, counts=(0, 1, 16), rounds: int = 3) -> None:
     """The cost of global tokens: one layer at `n` tokens with 0, 1 and 16 global tokens, every time
     measured interleaved with the others of its row (see measure.interleaved), and the encoder row."""
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, fp32; CPU: {cpu_model()}")
+    print(f"sparse CPU route: {swapformer.sparse_cpu_route()} (modeling/sparse_native.py)")
     print(f"uptime before: {uptime()}\n")
     print(
         f"One attention layer ({HEADS} heads x {HEAD_DIM}, batch 1, bidirectional), {n} tokens, window +-{WINDOW - 1} "
@@ -343,6 +346,7 @@ def globals_table(n: int = 8192, counts=(0, 1, 16), rounds: int = 3) -> None:
             module, q, k, v, layout, scaling=HEAD_DIM**-0.5
         )[0]
         cores[f"mask {g}"] = lambda pattern=patterns[g]: lower(pattern, "sparse", q.dtype)
+        cores[f"torch-path core {g}"] = lambda layout=layouts[g]: torch_path_core(module, q, k, v, layout)
     per_round = {}
     with torch.no_grad():
         side = interleaved(cores, 10, per_round)
@@ -372,15 +376,25 @@ def globals_table(n: int = 8192, counts=(0, 1, 16), rounds: int = 3) -> None:
             f"core({g}) / core({counts[0]}) round by round, same run: median {middle:.3f}, "
             f"quartiles {low:.3f}-{high:.3f}, {len(ratios)} rounds"
         )
+    base_torch = side[f"torch-path core {counts[0]}"]
+    print(
+        '\nThe same cores on the PyTorch path (`sparse_cpu("torch")`: torch\'s CPU flash kernel per chunk of '
+        "blocks, the global keys merged by log-sum-exp), same run:\n"
+    )
+    print("| globals | PyTorch-path core (ms) | core / core(0) | route in force / PyTorch path |")
+    print("|---|---|---|---|")
+    for g in counts:
+        t = side[f"torch-path core {g}"]
+        print(f"| {g} | {t * 1e3:.1f} | {t / base_torch:.3f} | {side[f'core {g}'] / t:.3f} |")
     default, kept = encoder_pair(2), encoder_child(2)
     print(
-        f"\nBERT-base-shaped encoder, 4096 tokens, window +-256, 1 global token, forward (swapformer's linear "
-        f"route here: {swapformer.cpu_linear_route()}; the other route and Longformer's linears on oneDNN for "
-        "attribution), ms (page faults per forward):\n"
+        f"\nBERT-base-shaped encoder, 4096 tokens, window +-256, 1 global token, forward (swapformer's routes "
+        f"here: linear {swapformer.cpu_linear_route()}, sparse CPU {swapformer.sparse_cpu_route()}; torch's "
+        "routes for both, and Longformer's linears on oneDNN, for attribution), ms (page faults per forward):\n"
     )
     print(
-        "| allocator | swapformer sparse | same, torch's linear route | LongformerModel | same, linears on oneDNN "
-        "| Longformer / swapformer | both on torch's route | Longformer on oneDNN / swapformer |"
+        "| allocator | swapformer sparse | same, torch's routes | LongformerModel | same, linears on oneDNN "
+        "| Longformer / swapformer | both on torch's routes | Longformer on oneDNN / swapformer |"
     )
     print("|---|---|---|---|---|---|---|---|")
     for label, r in (("glibc defaults", default), (f"`GLIBC_TUNABLES={KEEP_FREED}`", kept)):
@@ -412,16 +426,16 @@ def linears_on_onednn(model: torch.nn.Module):
 
 def encoder_pair(rounds: int) -> dict:
     """Forward times of LongformerModel and swapformer's sparse encoder (interleaved), each also with
-    the other linear route (swapformer on torch's MKL route; Longformer's linears on oneDNN), and the
-    minor page faults of one more forward of each."""
+    the other routes (swapformer on torch's MKL linears and PyTorch sparse path; Longformer's linears on
+    oneDNN), and the minor page faults of one more forward of each."""
     longformer, ours, ids, glob = encoders()
 
     def longformer_onednn():
         with linears_on_onednn(longformer):
             return longformer(ids, global_attention_mask=glob)
 
-    def ours_torch_route():
-        with swapformer.cpu_linear("torch"):
+    def ours_torch_route():  # what "auto" picks without AVX-512: MKL linears, the PyTorch sparse path
+        with swapformer.cpu_linear("torch"), swapformer.sparse_cpu("torch"):
             return ours(ids)
 
     fns = {
@@ -447,6 +461,12 @@ def encoder_child(rounds: int) -> dict:
     if done.returncode != 0:
         raise RuntimeError(done.stderr[-2000:])
     return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def torch_path_core(module, q, k, v, layout):
+    """The sparse attention core on the PyTorch path, whatever the route in force."""
+    with swapformer.sparse_cpu("torch"):
+        return sparse_attention_forward(module, q, k, v, layout, scaling=HEAD_DIM**-0.5)[0]
 
 
 def forward_backward_steps(pattern: AttentionPattern) -> dict:

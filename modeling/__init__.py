@@ -12,6 +12,7 @@ from .modeling_encoder import (
     EncoderModel,
 )
 from .modeling_seq2seq import Seq2SeqForConditionalGeneration, Seq2SeqModel
+from .sparse_native import sparse_cpu, sparse_cpu_route
 
 __all__ = [
     "SwapformerPreTrainedModel",
@@ -29,4 +30,6 @@ __all__ = [
     "int8_cache",
     "cpu_linear",
     "cpu_linear_route",
+    "sparse_cpu",
+    "sparse_cpu_route",
 ]

@@ -52,6 +52,8 @@ _LAZY = {
             "int8_cache",
             "cpu_linear",
             "cpu_linear_route",
+            "sparse_cpu",
+            "sparse_cpu_route",
         ),
         "modeling",
     ),
@@ -98,6 +100,8 @@ if TYPE_CHECKING:  # for type checkers and IDEs; at run time these come from __g
         cpu_linear,
         cpu_linear_route,
         int8_cache,
+        sparse_cpu,
+        sparse_cpu_route,
     )
 
 

@@ -15,10 +15,14 @@ import transformers
 from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processors
 
 import swapformer
+from swapformer.modeling import sparse_native as sparse_cpu_module
 
 ARCHS = ("encoder", "decoder", "seq2seq")
 POSITIONS = ("learned", "sinusoidal", "rope", "alibi", "relative_bias", "none")
 VOCAB = 97
+# The sparse backend's routes without gradients on CPU that this machine can run: the PyTorch path, and
+# the native kernels where they can be built (test_sparse_native.py says so when they cannot).
+SPARSE_CPU_ROUTES = ("torch", "native") if sparse_cpu_module._missing() is None else ("torch",)
 # The size of the tiny models; a test that builds a transformers model beside one uses it too.
 TINY_SIZE = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=48)
 

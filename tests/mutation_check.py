@@ -3,13 +3,14 @@
 Each mutant removes or alters one rule of the pattern predicate (modeling/masks.py
 `AttentionPattern.allowed` and the BigBird draw; modeling/lowering.py for flash), of the sparse
 backend where it handles a rule itself (sparse_layout.py, sparse_globals.py: the dense pass of global query
-rows, the global-key and random-key segments, counting each key once, the band), or of the pattern's construction (modeling/plan.py: global tokens; modeling/cache.py: the caches). For every
+rows, the global-key and random-key segments, counting each key once, the band; sparse_native.py and
+csrc/sparse_native.cpp: the same rules in the native CPU kernels, and rows without keys), or of the pattern's construction (modeling/plan.py: global tokens; modeling/cache.py: the caches). For every
 mutant the fast tests run in a temporary copy of the repository, so nothing is ever edited in place
 (an interrupted run leaves the working tree untouched), and a table says which test caught it.
 
 Usage (from the repository root; ~1-2 min per mutant on one core):
 
-    OMP_NUM_THREADS=1 .venv/bin/python tests/mutation_check.py              # oracle tests only
+    OMP_NUM_THREADS=1 .venv/bin/python tests/mutation_check.py              # oracle and native-kernel tests
     OMP_NUM_THREADS=1 .venv/bin/python tests/mutation_check.py --tests tests/test_pattern_oracle.py tests/test_patterns.py
     OMP_NUM_THREADS=1 .venv/bin/python tests/mutation_check.py --only "global query"
 
@@ -263,6 +264,56 @@ MUTANTS = [
         "left, right = pattern.window - 1, (0 if",
         "left, right = pattern.window - 2, (0 if",
     ),
+    # sparse_native.py / csrc/sparse_native.cpp: the native CPU kernels (fp32 inference)
+    Mutant(
+        "global key (native)",
+        "no global keys passed to the kernel",
+        "modeling/sparse_native.py",
+        "    if layout.global_keys is not None:\n        rows = torch.arange",
+        "    if False:\n        rows = torch.arange",
+    ),
+    Mutant(
+        "global query (native)",
+        "no pass for the global query rows",
+        "modeling/sparse_native.py",
+        "    if layout.global_rows is not None:\n        q_rows",
+        "    if False:\n        q_rows",
+    ),
+    Mutant(
+        "global query (native)",
+        "the global query rows' mask ignored (they see padding keys)",
+        "modeling/csrc/sparse_native.cpp",
+        "const float* mrow = masked ? mp",
+        "const float* mrow = false ? mp",
+    ),
+    Mutant(
+        "count once (native)",
+        "the global-key mask not added (a global key inside the band counted twice)",
+        "modeling/csrc/sparse_native.cpp",
+        "              if (grow) row[C + j] += grow[i * gms[3] + j];\n",
+        "",
+    ),
+    Mutant(
+        "window edge (native band)",
+        "band mask read from its first column where the band was clipped at key 0",
+        "modeling/csrc/sparse_native.cpp",
+        "r0 * ms[3] + off;",
+        "r0 * ms[3];",
+    ),
+    Mutant(
+        "window edge (native band)",
+        "band offset not moved with the keys handed to the kernel (bands past key 0)",
+        "modeling/sparse_native.py",
+        "layout.band_start - lo, kgt",
+        "layout.band_start, kgt",
+    ),
+    Mutant(
+        "padding (native)",
+        "a row without any key not zeroed",
+        "modeling/csrc/sparse_native.cpp",
+        "if (mx == kNeg) {  // no key for this row",
+        "if (false) {  // no key for this row",
+    ),
     # plan.py and cache.py: the pattern's construction and the caches
     Mutant(
         "global tokens",
@@ -321,9 +372,10 @@ def apply(repo: Path, mutant: Mutant) -> None:
     path.write_text(text.replace(mutant.old, mutant.new))
 
 
-def run_tests(repo: Path, tests: list[str], timeout: int) -> tuple[bool, str]:
-    """(caught, first failing test) for the tests run in the copy."""
-    env = dict(os.environ, PYTHONPATH=str(repo), OMP_NUM_THREADS="1")
+def run_tests(repo: Path, tests: list[str], timeout: int, extensions: Path) -> tuple[bool, str]:
+    """(caught, first failing test) for the tests run in the copy; the native kernels are built in
+    `extensions` (this run's own directory: a mutant's build never reaches the user's cache)."""
+    env = dict(os.environ, PYTHONPATH=str(repo), OMP_NUM_THREADS="1", TORCH_EXTENSIONS_DIR=str(extensions))
     check = "import swapformer.modeling.masks as m, sys; print(m.__file__)"
     where = subprocess.run([sys.executable, "-c", check], env=env, cwd=repo, capture_output=True, text=True)
     if not where.stdout.strip().startswith(str(repo)):
@@ -343,7 +395,9 @@ def run_tests(repo: Path, tests: list[str], timeout: int) -> tuple[bool, str]:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--tests", nargs="+", default=["tests/test_pattern_oracle.py"])
+    parser.add_argument(
+        "--tests", nargs="+", default=["tests/test_pattern_oracle.py", "tests/test_sparse_native.py"]
+    )
     parser.add_argument("--only", help="run the mutants whose rule or mutation contains this text")
     parser.add_argument("--timeout", type=int, default=900, help="seconds per mutant")
     args = parser.parse_args()
@@ -351,7 +405,8 @@ def main() -> int:
     rows = []
     with tempfile.TemporaryDirectory(prefix="swapformer-mutants-") as tmp:
         clean = copy_repo(Path(tmp) / "clean")
-        caught, first = run_tests(clean, args.tests, args.timeout)
+        extensions = Path(tmp) / "torch_extensions"
+        caught, first = run_tests(clean, args.tests, args.timeout, extensions)
         if caught:
             print(f"the unmutated tests fail ({first}); fix them first", file=sys.stderr)
             return 2
@@ -360,7 +415,7 @@ def main() -> int:
             shutil.rmtree(work, ignore_errors=True)
             repo = copy_repo(work)
             apply(repo, mutant)
-            caught, first = run_tests(repo, args.tests, args.timeout)
+            caught, first = run_tests(repo, args.tests, args.timeout, extensions)
             rows.append((mutant, caught, first))
             print(
                 f"{'caught' if caught else 'SURVIVED'}: {mutant.rule} / {mutant.mutation}  {first}",

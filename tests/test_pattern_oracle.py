@@ -31,7 +31,7 @@ import swapformer
 from swapformer.modeling import attention as attention_module
 from swapformer.modeling import sparse as sparse_module
 
-from conftest import build, tiny_config
+from conftest import SPARSE_CPU_ROUTES, build, tiny_config
 
 LAYER_TYPES = list(KINDS)
 BACKENDS = ["eager", "sdpa", "sparse"]
@@ -298,12 +298,16 @@ def check_cached_step(case: Case, backends=BACKENDS):
 @given(case=cases())
 def test_backends_equal_the_oracle(case):
     """eager, sdpa and sparse: output and q/k/v gradients of every layer equal the oracle's attention;
-    and sparse's path without gradients (one query block per kernel call, the global query rows over
-    as many pieces of the keys) gives the oracle's output too."""
+    and sparse's paths without gradients give the oracle's output too: the PyTorch path (one query
+    block per kernel call, the global query rows over as many pieces of the keys) and the native CPU
+    kernels (sparse_native.py)."""
     check_uncached(case)
-    with pytest.MonkeyPatch.context() as patch:
+    with pytest.MonkeyPatch.context() as patch, swapformer.sparse_cpu("torch"):
         patch.setattr(sparse_module, "CHUNK_BYTES", 1)
         check_uncached(case, backends=("sparse",), grads=False)
+    if "native" in SPARSE_CPU_ROUTES:
+        with swapformer.sparse_cpu("native"):
+            check_uncached(case, backends=("sparse",), grads=False)
 
 
 @settings(max_examples=60, **SETTINGS)
@@ -317,8 +321,11 @@ def test_bigbird_equals_the_oracle(case):
 @given(case=cases(cached=True))
 def test_cached_steps_equal_the_oracle(case):
     """A step of 1.. tokens after P cached ones (left padding, global marks in the prompt): each
-    backend's output over the keys its cache kept equals the oracle's over all P + T keys."""
-    check_cached_step(case)
+    backend's output over the keys its cache kept equals the oracle's over all P + T keys (sparse:
+    on each CPU route)."""
+    for route in SPARSE_CPU_ROUTES:
+        with swapformer.sparse_cpu(route):
+            check_cached_step(case, backends=BACKENDS if route == "torch" else ("sparse",))
 
 
 @settings(

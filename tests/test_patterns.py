@@ -18,7 +18,15 @@ from swapformer.modeling import lowering as masks_module
 from swapformer.modeling.attention import attention_weights
 from swapformer.modeling.masks import random_block_table
 
-from conftest import build, cached_step_diffs, max_diff, padded_batch, pattern_config, tiny_config
+from conftest import (
+    SPARSE_CPU_ROUTES,
+    build,
+    cached_step_diffs,
+    max_diff,
+    padded_batch,
+    pattern_config,
+    tiny_config,
+)
 
 LAYER_TYPES = ["full_attention", "sliding_attention", "sliding_global_attention", "bigbird_attention"]
 KINDS = {"decoder": "causal", "encoder": "bidirectional", "seq2seq": "cross"}
@@ -402,17 +410,22 @@ def test_sparse_block_chunks_give_the_same_result(layer_type, position, monkeypa
     config = pattern_config("decoder", layer_type, num_key_value_heads=2, position_embedding_type=position)
     model = build(swapformer.DecoderModel, config, attn="sparse")
     ids, mask = padded_batch(length=LENGTH, padding="left")
+    real = mask.bool()
     with torch.no_grad():
-        whole = model(ids, attention_mask=mask).last_hidden_state
         eager = build(swapformer.DecoderModel, config)(ids, attention_mask=mask).last_hidden_state
-        real = mask.bool()
-        assert max_diff(whole[real], eager[real]) <= 1e-5
-        monkeypatch.setattr(sparse, "CHUNK_BYTES", 1)  # one block per call
-        chunked = model(ids, attention_mask=mask).last_hidden_state
+        with swapformer.sparse_cpu("torch"):
+            whole = model(ids, attention_mask=mask).last_hidden_state
+            assert max_diff(whole[real], eager[real]) <= 1e-5
+            monkeypatch.setattr(sparse, "CHUNK_BYTES", 1)  # one block per call
+            chunked = model(ids, attention_mask=mask).last_hidden_state
     assert max_diff(whole, chunked) <= 1e-6
     with torch.enable_grad():
         grad_path = model(ids, attention_mask=mask).last_hidden_state.detach()
     assert max_diff(grad_path, chunked) <= 1e-6
+    if "native" in SPARSE_CPU_ROUTES:  # the native kernels (BigBird's random keys: the PyTorch path)
+        with torch.no_grad(), swapformer.sparse_cpu("native"):
+            native = model(ids, attention_mask=mask).last_hidden_state
+        assert max_diff(native[real], eager[real]) <= 1e-5
 
 
 def _layer_pattern(

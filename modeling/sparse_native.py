@@ -1,0 +1,253 @@
+"""The sparse backend's native fp32 CPU kernels (csrc/sparse_native.cpp), compiled on first use.
+
+Why native code: torch's CPU flash kernel, which the PyTorch path calls per chunk of query blocks,
+multiplies with MKL's sgemm, and MKL runs its AVX2 code on AMD processors even where AVX-512 is there;
+the global keys then need a second segment merged by log-sum-exp, whose thin products wait on memory
+(docs/benchmarks.md). The native kernel (`band_attention`) calls oneDNN's brgemm (inside torch; it runs
+the CPU's widest instructions) for each query block's band, and scores the global keys in the same
+pass with a few vector FMAs per row, so the band and the global keys are one softmax per row. The rows
+of the global queries (`global_rows`) run over every key in chunks, with an online softmax. Measured on
+an AMD EPYC (Zen 5, 2 cores): the attention core at 8192 tokens, window +-128, in 0.6x the PyTorch
+path's time, and 16 global tokens cost about 1.1x the core without them (benchmarks/attention_sparse.py).
+
+The kernels serve a call when all hold:
+- the route is "native": `sparse_cpu(route)` (a context manager) or else the environment variable
+  SWAPFORMER_SPARSE_CPU says "native", or they say "auto" (the default) and torch reports AVX2 or
+  AVX-512 for this CPU, the kernel's source is here (a model's remote-code files carry none), and a
+  C++ compiler and ninja are found; "torch" turns it off. (On AVX2, measured by holding torch and
+  oneDNN to AVX2 on the Zen 5: the 0-global core in 0.66x the PyTorch path's time, 16 globals in
+  0.68x; no AVX2-only machine was at hand.)
+- fp32 CPU tensors (plain tensors, not subclasses), no dropout, no BigBird random keys;
+- no gradient is recorded for the query, key, value or a mask (they have no backward: training
+  takes the PyTorch path);
+- not under torch.compile, jit tracing or a functorch transform.
+
+Building: `torch.utils.cpp_extension.load` compiles the source once per machine and torch version
+(about 30 s; cached under TORCH_EXTENSIONS_DIR, by default ~/.cache/torch_extensions) with the vector
+width torch reports for the CPU. When that fails, route "native" raises with the compiler's message;
+route "auto" warns once and runs the PyTorch path.
+
+Outputs differ from the PyTorch path's by rounding only (another summation order: about 1e-7 absolute
+in fp32 on unit-scale inputs).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import os
+import shutil
+import sys
+import warnings
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from .sparse_globals import put_rows, query_rows
+from .sparse_layout import BlockLayout
+
+ROUTES = ("auto", "native", "torch")
+ENV = "SWAPFORMER_SPARSE_CPU"
+SOURCE = Path(__file__).resolve().parent / "csrc" / "sparse_native.cpp"
+_VECTOR = 16  # global keys are padded to a multiple of the widest vector (16 floats)
+
+_chosen: contextvars.ContextVar[str | None] = contextvars.ContextVar("swapformer_sparse_cpu", default=None)
+_default: str | None = None  # the environment's route, resolved at the first call
+_built: bool | None = None  # None: not tried; False: the build failed (route "auto" warned)
+
+
+def _ninja() -> str | None:
+    """ninja's path: on PATH, or beside this Python (a virtual environment that is not activated)."""
+    found = shutil.which("ninja")
+    if found is None:
+        beside = Path(sys.executable).parent / "ninja"
+        found = str(beside) if beside.exists() else None
+    return found
+
+
+def _compiler() -> str | None:
+    return shutil.which(os.environ.get("CXX", "c++"))
+
+
+def _check_route(route, where: str) -> str:
+    if route not in ROUTES:
+        raise ValueError(
+            f"{where} is {route!r}; the sparse CPU kernel route must be one of {', '.join(map(repr, ROUTES))} "
+            "('auto': native kernels on CPUs with AVX2 or AVX-512 where they can be built, 'native': always, "
+            "'torch': the PyTorch path)"
+        )
+    if route == "native":
+        missing = _missing()
+        if missing:
+            raise ValueError(f"{where} is 'native', but {missing}; use 'auto' or 'torch'")
+    return route
+
+
+def _missing() -> str | None:
+    """Why the native kernels cannot be built here, or None."""
+    if not SOURCE.exists():
+        return f"the kernel source {SOURCE.name} is not installed beside {Path(__file__).name} (remote-code files carry none)"
+    if not (torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")):
+        return "this torch build has no oneDNN (torch.backends.mkldnn.is_available() is False)"
+    if _compiler() is None:
+        return f"no C++ compiler was found ({os.environ.get('CXX', 'c++')!r} is not on PATH; set CXX)"
+    if _ninja() is None:
+        return "ninja was not found (pip install ninja)"
+    return None
+
+
+def _resolve(route: str) -> str:
+    if route != "auto":
+        return route
+    vector = torch.backends.cpu.get_cpu_capability().startswith(("AVX512", "AVX2"))
+    return "native" if vector and _missing() is None else "torch"
+
+
+def sparse_cpu_route() -> str:
+    """The route in force: "native" or "torch" ("auto" resolved for this machine). The environment
+    variable is read once, at the first call; `sparse_cpu` changes the route at run time."""
+    global _default
+    route = _chosen.get()
+    if route is None:
+        if _default is None:
+            _default = _resolve(
+                _check_route(os.environ.get(ENV, "auto").strip().lower(), f"the environment variable {ENV}")
+            )
+        return _default
+    return route
+
+
+@contextlib.contextmanager
+def sparse_cpu(route: str):
+    """Run the block with the sparse CPU kernel route `route` ("auto", "native" or "torch"), whatever
+    the environment says; e.g. `with swapformer.sparse_cpu("torch"):` for the PyTorch path's results."""
+    token = _chosen.set(_resolve(_check_route(route, "sparse_cpu(route)")))
+    try:
+        yield
+    finally:
+        _chosen.reset(token)
+
+
+def _flags() -> list[str]:
+    capability = torch.backends.cpu.get_cpu_capability()
+    if capability.startswith("AVX512"):
+        return ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mfma", "-DCPU_CAPABILITY_AVX512"]
+    if capability == "AVX2":
+        return ["-mavx2", "-mfma", "-DCPU_CAPABILITY_AVX2"]
+    return []
+
+
+def build() -> None:
+    """Compile and load the kernels (once per process; the compiled library is cached on disk).
+    Raises RuntimeError with the compiler's message when that fails."""
+    global _built
+    if _built:
+        return
+    from torch.utils.cpp_extension import load
+
+    ninja = _ninja()
+    if ninja is not None and shutil.which("ninja") is None:  # torch's build looks for ninja on PATH
+        os.environ["PATH"] = f"{Path(ninja).parent}{os.pathsep}{os.environ.get('PATH', '')}"
+    capability = torch.backends.cpu.get_cpu_capability().lower()
+    try:
+        load(
+            name=f"swapformer_sparse_native_{capability}",
+            sources=[str(SOURCE)],
+            extra_cflags=["-O3", "-fopenmp", *_flags()],
+            extra_ldflags=["-fopenmp"],
+            is_python_module=False,
+        )
+    except Exception as error:
+        _built = False
+        raise RuntimeError(
+            f"swapformer could not build its sparse CPU kernels from {SOURCE}: {error}. "
+            f"Set {ENV}=torch to run the PyTorch path."
+        ) from error
+    _built = True
+
+
+def _ready() -> bool:
+    """Whether the kernels are loaded, building them on first use. Route "auto" warns once and
+    answers False when the build fails; route "native" raises."""
+    if _built:
+        return True
+    if _built is False and _chosen.get() is None and os.environ.get(ENV, "auto").strip().lower() == "auto":
+        return False
+    try:
+        build()
+    except RuntimeError as error:
+        if _chosen.get() is None and os.environ.get(ENV, "auto").strip().lower() == "auto":
+            warnings.warn(f"{error} (route 'auto': the PyTorch path runs instead)", stacklevel=3)
+            return False
+        raise
+    return True
+
+
+def applies(
+    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, layout: BlockLayout, dropout
+) -> bool:
+    """Whether this sparse attention call runs on the native kernels (module docstring)."""
+    if not all(
+        type(t) is torch.Tensor and t.dtype == torch.float32 and t.device.type == "cpu"
+        for t in (query, key, value)
+    ):
+        return False
+    if dropout or layout.extra_keys is not None:
+        return False
+    masks = (layout.mask, layout.global_key_mask, layout.global_mask)
+    if torch.is_grad_enabled() and any(
+        t is not None and t.requires_grad for t in (query, key, value, *masks)
+    ):
+        return False
+    if torch.compiler.is_compiling() or torch.jit.is_tracing() or torch._C._are_functorch_transforms_active():
+        return False
+    return sparse_cpu_route() == "native" and _ready()
+
+
+def _last_contiguous(t: torch.Tensor) -> torch.Tensor:
+    return t if t.stride(-1) == 1 else t.contiguous()
+
+
+def attend(query, key, value, layout: BlockLayout, scaling: float | None) -> torch.Tensor:
+    """The sparse attention of `query` (B, H, T, D) over `key`, `value` (B, K, S, D) with `layout`, on
+    the native kernels: (B, T, H, D), the backend's output layout."""
+    batch, heads, t, d = query.shape
+    n, b = layout.n_blocks, layout.block
+    scale = d**-0.5 if scaling is None else scaling
+    back = n * b - layout.front - t
+    q = F.pad(query, (0, 0, layout.front, back)) if layout.front or back else query
+    q = _last_contiguous(q)
+    # the keys the bands cover (a cached decoding step: its window only), or all of them for global rows
+    lo, hi = 0, key.shape[2]
+    if layout.global_rows is None:
+        lo = min(max(layout.band_start, 0), hi)
+        hi = max(min(layout.band_start + (n - 1) * b + layout.band_length, hi), lo)
+    keys, values = key[:, :, lo:hi], _last_contiguous(value[:, :, lo:hi])
+    # keys transposed (B, K, D, S): the band of a block is then a column slice brgemm reads directly.
+    # A row stride of S + 16 keeps rows off power-of-two distances (cache-set conflicts at S = 8192).
+    kt = key.new_empty(batch, key.shape[1], d, hi - lo + 16)[..., : hi - lo]
+    kt.copy_(keys.transpose(2, 3))
+    empty = key.new_empty(0)
+    kgt = vg = gmask = empty
+    if layout.global_keys is not None:
+        rows = torch.arange(batch, device=key.device)[:, None]
+        kg = key.transpose(1, 2)[rows, layout.global_keys].transpose(1, 2)  # (B, K, Gk, D)
+        vg = value.transpose(1, 2)[rows, layout.global_keys].transpose(1, 2).contiguous()
+        pad = -kg.shape[2] % _VECTOR
+        kgt = F.pad(kg.transpose(2, 3) * scale, (0, pad)).contiguous()  # (B, K, D, Gp)
+        if layout.global_key_mask is not None:
+            gmask = _last_contiguous(layout.global_key_mask)
+    out = query.new_empty(batch, n * b, heads, d)
+    kernels = torch.ops.swapformer_sparse_native
+    band_mask = _last_contiguous(layout.mask)
+    kernels.band_attention(q, kt, values, band_mask, layout.band_start - lo, kgt, vg, gmask, scale, out)
+    out = out[:, layout.front : layout.front + t] if layout.front or back else out
+    out = out.contiguous()
+    if layout.global_rows is not None:
+        q_rows = _last_contiguous(query_rows(query, layout))  # (B, H, R, D)
+        rows_out = query.new_empty(batch, q_rows.shape[2], heads, d)
+        rows_mask = empty if layout.global_mask is None else _last_contiguous(layout.global_mask)
+        kernels.global_rows(q_rows, kt, values, rows_mask, scale, rows_out)
+        out = put_rows(out, layout, rows_out)
+    return out
