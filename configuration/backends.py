@@ -97,7 +97,7 @@ BACKENDS: dict[str, Capabilities] = {
         full_layers_as="sdpa",
         compile=(),
         no_compile="it sizes its block layout from the data; its full_attention layers run as sdpa and do compile",
-        note="block-sparse in plain PyTorch: skips masked blocks, O(n * (window + globals + random)); full layers run as sdpa",
+        note="block-sparse in PyTorch, with native fp32 CPU kernels for inference: skips masked blocks, O(n * (window + globals + random)); full layers run as sdpa",
     ),
     "flex_attention": Capabilities(
         dropout=False,

@@ -1,4 +1,5 @@
-"""The block-sparse attention backend (`attn_implementation="sparse"`), in plain PyTorch.
+"""The block-sparse attention backend (`attn_implementation="sparse"`), in plain PyTorch; fp32 CPU calls
+without gradients run the native kernels of sparse_native.py instead, where they apply (its docstring).
 
 Each query block attends to the keys its `BlockLayout` (sparse_layout.py) gathers for it: its band
 (a strided view of the keys, never copied) plus its random keys, in one fused-kernel call per chunk of

@@ -7,7 +7,7 @@ the global keys then need a second segment merged by log-sum-exp, whose thin pro
 the CPU's widest instructions) for each query block's band, and scores the global keys in the same
 pass with a few vector FMAs per row, so the band and the global keys are one softmax per row. The rows
 of the global queries (`global_rows`) run over every key in chunks, with an online softmax. Measured on
-an AMD EPYC (Zen 5, 2 cores): the attention core at 8192 tokens, window +-128, in 0.6x the PyTorch
+an AMD EPYC (Zen 5, 2 cores): the attention core at 8192 tokens, window +-128, in 0.5x the PyTorch
 path's time, and 16 global tokens cost about 1.1x the core without them (benchmarks/attention_sparse.py).
 
 The kernels serve a call when all hold:
@@ -52,9 +52,11 @@ ENV = "SWAPFORMER_SPARSE_CPU"
 SOURCE = Path(__file__).resolve().parent / "csrc" / "sparse_native.cpp"
 _VECTOR = 16  # global keys are padded to a multiple of the widest vector (16 floats)
 
+# the route asked for ("auto", "native" or "torch"): by `sparse_cpu`, else by the environment (read once)
 _chosen: contextvars.ContextVar[str | None] = contextvars.ContextVar("swapformer_sparse_cpu", default=None)
-_default: str | None = None  # the environment's route, resolved at the first call
-_built: bool | None = None  # None: not tried; False: the build failed (route "auto" warned)
+_default: str | None = None
+_auto: str | None = None  # what "auto" means on this machine, worked out once
+_built: bool | None = None  # None: not tried yet; False: the build failed
 
 
 def _ninja() -> str | None:
@@ -88,8 +90,8 @@ def _missing() -> str | None:
     """Why the native kernels cannot be built here, or None."""
     if not SOURCE.exists():
         return f"the kernel source {SOURCE.name} is not installed beside {Path(__file__).name} (remote-code files carry none)"
-    if not (torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")):
-        return "this torch build has no oneDNN (torch.backends.mkldnn.is_available() is False)"
+    if not torch.backends.mkldnn.is_available():
+        return "this torch build has no oneDNN, whose brgemm the kernels call (torch.backends.mkldnn.is_available() is False)"
     if _compiler() is None:
         return f"no C++ compiler was found ({os.environ.get('CXX', 'c++')!r} is not on PATH; set CXX)"
     if _ninja() is None:
@@ -98,31 +100,37 @@ def _missing() -> str | None:
 
 
 def _resolve(route: str) -> str:
+    global _auto
     if route != "auto":
         return route
-    vector = torch.backends.cpu.get_cpu_capability().startswith(("AVX512", "AVX2"))
-    return "native" if vector and _missing() is None else "torch"
+    if _auto is None:
+        vector = torch.backends.cpu.get_cpu_capability().startswith(("AVX512", "AVX2"))
+        _auto = "native" if vector and _missing() is None else "torch"
+    return "torch" if _built is False else _auto  # after a failed build (it warned): the PyTorch path
+
+
+def _requested() -> str:
+    global _default
+    route = _chosen.get()
+    if route is None:
+        if _default is None:
+            where = f"the environment variable {ENV}"
+            _default = _check_route(os.environ.get(ENV, "auto").strip().lower(), where)
+        route = _default
+    return route
 
 
 def sparse_cpu_route() -> str:
     """The route in force: "native" or "torch" ("auto" resolved for this machine). The environment
     variable is read once, at the first call; `sparse_cpu` changes the route at run time."""
-    global _default
-    route = _chosen.get()
-    if route is None:
-        if _default is None:
-            _default = _resolve(
-                _check_route(os.environ.get(ENV, "auto").strip().lower(), f"the environment variable {ENV}")
-            )
-        return _default
-    return route
+    return _resolve(_requested())
 
 
 @contextlib.contextmanager
 def sparse_cpu(route: str):
     """Run the block with the sparse CPU kernel route `route` ("auto", "native" or "torch"), whatever
     the environment says; e.g. `with swapformer.sparse_cpu("torch"):` for the PyTorch path's results."""
-    token = _chosen.set(_resolve(_check_route(route, "sparse_cpu(route)")))
+    token = _chosen.set(_check_route(route, "sparse_cpu(route)"))
     try:
         yield
     finally:
@@ -168,16 +176,15 @@ def build() -> None:
 
 
 def _ready() -> bool:
-    """Whether the kernels are loaded, building them on first use. Route "auto" warns once and
-    answers False when the build fails; route "native" raises."""
+    """Whether the kernels are loaded, building them on first use. When the build fails, route
+    "auto" warns (once: "auto" means the PyTorch path from then on) and answers False; route "native"
+    raises."""
     if _built:
         return True
-    if _built is False and _chosen.get() is None and os.environ.get(ENV, "auto").strip().lower() == "auto":
-        return False
     try:
         build()
     except RuntimeError as error:
-        if _chosen.get() is None and os.environ.get(ENV, "auto").strip().lower() == "auto":
+        if _requested() == "auto":
             warnings.warn(f"{error} (route 'auto': the PyTorch path runs instead)", stacklevel=3)
             return False
         raise

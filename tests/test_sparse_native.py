@@ -37,9 +37,10 @@ def env_route(monkeypatch):
         else:
             monkeypatch.setenv(sparse_native.ENV, value)
         monkeypatch.setattr(sparse_native, "_default", None)
+        monkeypatch.setattr(sparse_native, "_auto", None)
 
     yield set_route
-    sparse_native._default = None
+    sparse_native._default = sparse_native._auto = None
 
 
 def test_native_kernels_build_here():
