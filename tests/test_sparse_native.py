@@ -19,7 +19,14 @@ from swapformer.modeling import sparse, sparse_native
 from swapformer.modeling.lowering import lower
 from swapformer.modeling.masks import AttentionPattern
 
-from conftest import SPARSE_CPU_ROUTES, build, max_diff, padded_batch, pattern_config
+from conftest import (
+    SPARSE_CPU_ROUTES,
+    build,
+    cached_step_diffs,
+    max_diff,
+    padded_batch,
+    pattern_config,
+)
 
 needs_native = pytest.mark.skipif(
     "native" not in SPARSE_CPU_ROUTES,
@@ -179,8 +186,8 @@ def test_native_kernels_serve_exactly_the_documented_calls(monkeypatch):
 
 
 def test_route_from_the_environment_and_its_errors(env_route, monkeypatch):
-    """ "auto" resolves by the CPU (AVX2 or AVX-512 and a buildable kernel: native); "torch" is the
-    PyTorch path; a wrong value, or "native" where the kernels cannot be built, fails naming the
+    """Route "auto" resolves by the CPU (AVX2 or AVX-512 and a buildable kernel: native); "torch" is
+    the PyTorch path; a wrong value, or "native" where the kernels cannot be built, fails naming the
     variable, the value and the choices."""
     env_route("torch")
     assert swapformer.sparse_cpu_route() == "torch"
@@ -242,10 +249,10 @@ def test_a_failed_build_warns_under_auto_and_raises_under_native(env_route, monk
 
 
 @needs_native
-def test_a_model_on_native_kernels_equals_eager_and_generates_the_same(tmp_path):
-    """Model level: a window + global encoder and a sliding-window decoder on `sparse` give eager's
-    outputs on the native kernels, and greedy generation (cached steps through the kernels) matches
-    the PyTorch path token for token."""
+def test_a_model_on_native_kernels_equals_eager_and_generates_the_same():
+    """Model level: a window + global encoder on `sparse` gives eager's outputs on the native kernels;
+    a sliding-window decoder's cached steps through the kernels give the uncached forward's logits, and
+    greedy generation matches the PyTorch path token for token."""
     config = pattern_config("encoder", "sliding_global_attention", num_key_value_heads=2)
     ids, mask = padded_batch(length=40, padding="left")
     real = mask.bool()
@@ -258,6 +265,9 @@ def test_a_model_on_native_kernels_equals_eager_and_generates_the_same(tmp_path)
     assert max_diff(native[real], eager[real]) <= 1e-5
     config = pattern_config("decoder", "sliding_attention")
     model = build(swapformer.DecoderForCausalLM, config, attn="sparse")
+    ids, mask = padded_batch(length=20, padding="left")
+    with swapformer.sparse_cpu("native"):
+        assert max(cached_step_diffs(model, ids, mask, 8)) <= 1e-4
     prompt, prompt_mask = padded_batch(length=12, padding="left")
     outs = {}
     for route in ("native", "torch"):
