@@ -23,11 +23,11 @@ The kernels serve a call when all hold:
 - not under torch.compile, jit tracing or a functorch transform.
 
 Building: `torch.utils.cpp_extension.load` compiles the source once per machine and torch version
-(about 30 s; cached under TORCH_EXTENSIONS_DIR, by default ~/.cache/torch_extensions) with the vector
+(10-30 s here; cached under TORCH_EXTENSIONS_DIR, by default ~/.cache/torch_extensions) with the vector
 width torch reports for the CPU. When that fails, route "native" raises with the compiler's message;
 route "auto" warns once and runs the PyTorch path.
 
-Outputs differ from the PyTorch path's by rounding only (another summation order: about 1e-7 absolute
+Outputs differ from the PyTorch path's by rounding only (another summation order: below 1e-6 absolute
 in fp32 on unit-scale inputs).
 """
 
