@@ -29,6 +29,7 @@ from .attention import sdpa_attention
 from .sparse_globals import (
     MergedSegments,
     RowsByPieces,
+    global_keys_and_values,
     global_query_rows,
     global_scores,
     merge,
@@ -107,14 +108,11 @@ def _gather_globals(
 ) -> _Globals | None:
     if layout.global_keys is None:
         return None
-    rows = torch.arange(key.shape[0], device=key.device)[:, None]
-    k_glob = key.transpose(1, 2)[rows, layout.global_keys].transpose(1, 2)  # (B, K, Gk, D)
-    v_glob = value.transpose(1, 2)[rows, layout.global_keys].transpose(1, 2)
-    glob = _Globals(k_glob, v_glob)
+    glob = _Globals(*global_keys_and_values(key, value, layout))
     if _merge_segments(query, dropout, layout.mask, layout.global_key_mask):
         glob.queries = q_padded
         glob.scale = query.shape[-1] ** -0.5 if scaling is None else scaling
-        glob.keys = k_glob * glob.scale
+        glob.keys = glob.keys * glob.scale
         glob.masked_blocks = layout.global_key_mask.ne(0).flatten(2).any(-1).any(0).tolist()  # N flags
         if bool(layout.dead.any()):
             glob.dead_band = layout.dead

@@ -117,6 +117,14 @@ def softmax_and_lse(scores: torch.Tensor, dim: int) -> tuple[torch.Tensor, torch
     return e.div_(total), total.log_().add_(top).squeeze(dim)
 
 
+def global_keys_and_values(key, value, layout: BlockLayout) -> tuple[torch.Tensor, torch.Tensor]:
+    """The global keys and values of `layout` (B, K, Gk, D), gathered from `key` and `value` (B, K, S, D)."""
+    rows = torch.arange(key.shape[0], device=key.device)[:, None]
+    k_glob = key.transpose(1, 2)[rows, layout.global_keys].transpose(1, 2)
+    v_glob = value.transpose(1, 2)[rows, layout.global_keys].transpose(1, 2)
+    return k_glob, v_glob
+
+
 def global_query_rows(module, query, key, value, out, layout: BlockLayout, scaling, dropout) -> torch.Tensor:
     """`out` (B, T, H, D) with the rows of the global queries replaced by their attention to every key
     they may see, in one dense-rows SDPA call (see `put_rows`)."""

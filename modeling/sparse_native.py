@@ -44,7 +44,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from .sparse_globals import put_rows, query_rows
+from .sparse_globals import global_keys_and_values, put_rows, query_rows
 from .sparse_layout import BlockLayout
 
 ROUTES = ("auto", "native", "torch")
@@ -238,9 +238,8 @@ def attend(query, key, value, layout: BlockLayout, scaling: float | None) -> tor
     empty = key.new_empty(0)
     kgt = vg = gmask = empty
     if layout.global_keys is not None:
-        rows = torch.arange(batch, device=key.device)[:, None]
-        kg = key.transpose(1, 2)[rows, layout.global_keys].transpose(1, 2)  # (B, K, Gk, D)
-        vg = value.transpose(1, 2)[rows, layout.global_keys].transpose(1, 2).contiguous()
+        kg, vg = global_keys_and_values(key, value, layout)  # (B, K, Gk, D)
+        vg = vg.contiguous()
         pad = -kg.shape[2] % _VECTOR
         kgt = F.pad(kg.transpose(2, 3) * scale, (0, pad)).contiguous()  # (B, K, D, Gp)
         if layout.global_key_mask is not None:

@@ -177,6 +177,28 @@ def padded_batch(batch=3, length=9, padding="right", seed=0, vocab=VOCAB):
     return ids, mask
 
 
+def route_env_fixture(module, *cached: str):
+    """A fixture `env_route(value)` that sets `module.ENV` (None: unset) as a new process would see it:
+    the module reads its environment variable once and keeps what it read in the attributes `cached`,
+    which are cleared with every call and after the test (SWAPFORMER_CPU_LINEAR, SWAPFORMER_SPARSE_CPU)."""
+
+    @pytest.fixture
+    def env_route(monkeypatch):
+        def set_route(value: str | None):
+            if value is None:
+                monkeypatch.delenv(module.ENV, raising=False)
+            else:
+                monkeypatch.setenv(module.ENV, value)
+            for name in cached:
+                monkeypatch.setattr(module, name, None)
+
+        yield set_route
+        for name in cached:
+            setattr(module, name, None)
+
+    return env_route
+
+
 def max_diff(a: torch.Tensor, b: torch.Tensor, mask: torch.Tensor | None = None) -> float:
     """max |a - b|, over the positions where `mask` (B, T) is 1 when given."""
     d = (a.float() - b.float()).abs()

@@ -269,8 +269,8 @@ MUTANTS = [
         "global key (native)",
         "no global keys passed to the kernel",
         "modeling/sparse_native.py",
-        "    if layout.global_keys is not None:\n        rows = torch.arange",
-        "    if False:\n        rows = torch.arange",
+        "    if layout.global_keys is not None:\n        kg, vg = global_keys_and_values",
+        "    if False:\n        kg, vg = global_keys_and_values",
     ),
     Mutant(
         "global query (native)",

@@ -13,7 +13,7 @@ from swapformer.modeling import linear as linear_module
 from swapformer.modeling.decoding_weights import DecodingWeights, input_major_copy
 from swapformer.modeling.linear import Linear, cpu_linear, cpu_linear_route
 
-from conftest import build, max_diff, tiny_config
+from conftest import build, max_diff, route_env_fixture, tiny_config
 
 ONEDNN_OP = "mkldnn::_linear_pointwise"
 
@@ -33,19 +33,7 @@ def relative_diff(a: torch.Tensor, b: torch.Tensor) -> float:
     return max_diff(a, b) / max(float(b.abs().max()), 1e-30)
 
 
-@pytest.fixture
-def env_route(monkeypatch):
-    """Set SWAPFORMER_CPU_LINEAR as a new process would see it (the environment is read once)."""
-
-    def set_route(value: str | None):
-        if value is None:
-            monkeypatch.delenv(linear_module.ENV, raising=False)
-        else:
-            monkeypatch.setenv(linear_module.ENV, value)
-        monkeypatch.setattr(linear_module, "_default", None)
-
-    yield set_route
-    linear_module._default = None
+env_route = route_env_fixture(linear_module, "_default")
 
 
 @pytest.mark.parametrize(

@@ -26,6 +26,7 @@ from conftest import (
     max_diff,
     padded_batch,
     pattern_config,
+    route_env_fixture,
 )
 
 needs_native = pytest.mark.skipif(
@@ -34,20 +35,7 @@ needs_native = pytest.mark.skipif(
 )
 
 
-@pytest.fixture
-def env_route(monkeypatch):
-    """Set SWAPFORMER_SPARSE_CPU as a new process would see it (the environment is read once)."""
-
-    def set_route(value: str | None):
-        if value is None:
-            monkeypatch.delenv(sparse_native.ENV, raising=False)
-        else:
-            monkeypatch.setenv(sparse_native.ENV, value)
-        monkeypatch.setattr(sparse_native, "_default", None)
-        monkeypatch.setattr(sparse_native, "_auto", None)
-
-    yield set_route
-    sparse_native._default = sparse_native._auto = None
+env_route = route_env_fixture(sparse_native, "_default", "_auto")
 
 
 def test_native_kernels_build_here():
