@@ -15,21 +15,22 @@ import pathlib
 import torch
 
 from ..configuration import BACKENDS
+from ..modeling.accelerate_compat import fp8_unavailable, reset_accelerator_state
 from .args import TrainArgs, TrainArgumentError, attn_backends
 
 # accelerate launch --use_fsdp / --use_deepspeed (or an `accelerate config` that chose them) set these
 SHARDING_LAUNCHES = {"ACCELERATE_USE_FSDP": "FSDP", "ACCELERATE_USE_DEEPSPEED": "DeepSpeed"}
 
 
-def usable_precisions() -> dict[str, str]:
+def usable_precisions(fp8: bool = True) -> dict[str, str]:
     """{--mixed-precision value: why it cannot run here, or "" if it can}, for this machine.
 
     Accelerate accepts every value anywhere and fails later: fp8 on a CPU trained two steps and died
     in save_state ("invalid python storage") with torchao installed, and raised in the Accelerator
     without it. fp8 needs Accelerate's fp8 recipes, which run on NVIDIA GPUs of compute capability
-    8.9 or newer (Ada, Hopper) with transformer_engine, MS-AMP or torchao installed."""
-    from accelerate.utils import is_msamp_available, is_torchao_available, is_transformer_engine_available
-
+    8.9 or newer (Ada, Hopper) with a recipe package installed. Which packages those are changes with
+    Accelerate's releases (1.16 dropped MS-AMP), so Accelerate is asked, and only when `fp8` is true:
+    a run that did not ask for fp8 never depends on that check."""
     usable = {"no": "", "fp16": "", "bf16": "", "fp8": ""}
     if not torch.cuda.is_available():
         usable["fp8"] = "fp8 needs an NVIDIA GPU of compute capability 8.9 or newer (Ada, Hopper)"
@@ -41,17 +42,20 @@ def usable_precisions() -> dict[str, str]:
         usable["fp8"] = (
             f"fp8 needs compute capability 8.9 or newer; {torch.cuda.get_device_name()} has {major}.{minor}"
         )
-    elif not (is_transformer_engine_available() or is_msamp_available() or is_torchao_available()):
-        usable["fp8"] = "fp8 needs transformer_engine, MS-AMP or torchao installed (pip install torchao)"
+    elif fp8:
+        usable["fp8"] = fp8_unavailable()
+    else:
+        usable["fp8"] = "not checked"
     return usable
 
 
 def check_precision(precision: str) -> None:
     """Refuse a --mixed-precision this machine cannot train with, before anything is written."""
-    why = usable_precisions().get(precision, "")
+    usable = usable_precisions(fp8=precision == "fp8")
+    why = usable.get(precision, "")
     if why:
         where = torch.cuda.get_device_name() if torch.cuda.is_available() else "CPU only, no CUDA GPU"
-        runs = ", ".join(p for p, reason in usable_precisions().items() if not reason)
+        runs = ", ".join(p for p, reason in usable.items() if not reason)
         raise TrainArgumentError(
             f"--mixed-precision {precision} cannot train on this machine ({where}): {why}. "
             f"Here, choose --mixed-precision {runs}"
@@ -139,12 +143,11 @@ def check_distributed(accelerator) -> None:
 def make_accelerator(args: TrainArgs, out: pathlib.Path):
     """The run's Accelerator (it writes nothing until a checkpoint or the trackers start)."""
     from accelerate import Accelerator
-    from accelerate.state import AcceleratorState
 
     tracker = "tensorboard" if importlib.util.find_spec("tensorboard") else None
     # accelerate keeps one AcceleratorState per Python process and refuses another mixed precision in a
     # second train() call (a notebook, the tests); the distributed part (PartialState) is kept
-    AcceleratorState._reset_state()
+    reset_accelerator_state()
     return Accelerator(
         mixed_precision=args.mixed_precision,
         log_with=tracker,
