@@ -6,7 +6,6 @@ transformers' touch points have their own file (test_hf_compat.py).
 
 from __future__ import annotations
 
-
 import accelerate
 import accelerate.utils
 import pytest
