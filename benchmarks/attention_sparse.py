@@ -145,15 +145,11 @@ def sparse_work(layout) -> float:
 
 def backend_function(backend: str):
     """The function a swapformer layer calls for `backend`."""
-    from transformers.integrations.flex_attention import flex_attention_forward
-    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+    from transformers import AttentionInterface
 
-    return {
-        "eager": eager_attention_forward,
-        "sdpa": sdpa_attention_forward,
-        "flex_attention": flex_attention_forward,
-        "sparse": sparse_attention_forward,
-    }[backend]
+    if backend in ("sdpa", "flex_attention"):  # transformers' own functions, as its registry holds them
+        return AttentionInterface()[backend]
+    return {"eager": eager_attention_forward, "sparse": sparse_attention_forward}[backend]
 
 
 def attention_call(backend: str, pattern: AttentionPattern, q, k, v):

@@ -39,11 +39,11 @@ import time
 
 import torch
 from measure import machine
-from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 from transformers import AutoModelForCausalLM, DynamicCache, QuantoConfig, TorchAoConfig
 
 import swapformer  # noqa: F401  (registers the model types)
 from swapformer.modeling.int8_cache import Int8Cache
+from swapformer.modeling.torch_compat import is_traceable_wrapper_subclass
 
 
 def validation_batches(folder: pathlib.Path) -> list[dict]:

@@ -10,6 +10,7 @@ import torch
 
 from .attention import fold_groups, sdpa_attention
 from .sparse_layout import BlockLayout
+from .torch_compat import flash_cpu, flash_cpu_backward
 
 
 def merge(q, k1, v1, p2, l2, v2, mask1, dead1, scale, target=None):
@@ -29,7 +30,7 @@ def merge(q, k1, v1, p2, l2, v2, mask1, dead1, scale, target=None):
     output (B, m, K, G, b, D) into `target` when given (no gradients) and returns None; otherwise
     returns (output (B*m, K, G*b, D), the union's log-sum-exp (B*m, K, G*b))."""
     batch, kv_heads, groups, m, b = l2.shape
-    o1, l1 = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+    o1, l1 = flash_cpu(
         q, k1, v1, attn_mask=mask1, scale=scale
     )
     if dead1 is not None:
@@ -68,7 +69,7 @@ class MergedSegments(torch.autograd.Function):
     def backward(ctx, grad):
         q, k1, v1, s2, v2, mask1, out, lse = ctx.saved_tensors
         grad = grad.contiguous()
-        back = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward
+        back = flash_cpu_backward
         dq, dk1, dv1 = back(grad, q, k1, v1, out, lse, 0.0, False, attn_mask=mask1, scale=ctx.scale)
         batch, kv_heads, groups, n_glob, m, b = s2.shape
 
@@ -180,7 +181,7 @@ class RowsByPieces:
         if hi == lo:
             return
         mask = None if self.mask is None else self.mask[..., lo:hi]
-        out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+        out, lse = flash_cpu(
             self.q, key[:, :, lo:hi], value[:, :, lo:hi], attn_mask=mask, scale=self.scale
         )
         if mask is not None:

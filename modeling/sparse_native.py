@@ -46,6 +46,7 @@ import torch.nn.functional as F
 
 from .sparse_globals import global_keys_and_values, put_rows, query_rows
 from .sparse_layout import BlockLayout
+from .torch_compat import functorch_active
 
 ROUTES = ("auto", "native", "torch")
 ENV = "SWAPFORMER_SPARSE_CPU"
@@ -207,7 +208,7 @@ def applies(
         t is not None and t.requires_grad for t in (query, key, value, *masks)
     ):
         return False
-    if torch.compiler.is_compiling() or torch.jit.is_tracing() or torch._C._are_functorch_transforms_active():
+    if torch.compiler.is_compiling() or torch.jit.is_tracing() or functorch_active():
         return False
     return sparse_cpu_route() == "native" and _ready()
 

@@ -418,10 +418,12 @@ def test_sparse_block_chunks_give_the_same_result(layer_type, position, monkeypa
             assert max_diff(whole[real], eager[real]) <= 1e-5
             monkeypatch.setattr(sparse, "CHUNK_BYTES", 1)  # one block per call
             chunked = model(ids, attention_mask=mask).last_hidden_state
-    assert max_diff(whole, chunked) <= 1e-6
+    # other chunks are other matmul shapes, so the BLAS sums in another order: a few ulps, by CPU
+    # (1.2e-6 on an Intel Xeon with AVX-512 for BigBird; within 1e-6 on an AMD Zen 5)
+    assert max_diff(whole, chunked) <= 4e-6
     with torch.enable_grad():
         grad_path = model(ids, attention_mask=mask).last_hidden_state.detach()
-    assert max_diff(grad_path, chunked) <= 1e-6
+    assert max_diff(grad_path, chunked) <= 4e-6
     if "native" in SPARSE_CPU_ROUTES:  # the native kernels (BigBird's random keys: the PyTorch path)
         with torch.no_grad(), swapformer.sparse_cpu("native"):
             native = model(ids, attention_mask=mask).last_hidden_state

@@ -81,7 +81,8 @@ def check_choices(args: TrainArgs) -> None:
     if args.packing:
         check_packing(args)
     if args.push_to_hub is not None:
-        from huggingface_hub.utils import HFValidationError, validate_repo_id
+        from huggingface_hub.errors import HFValidationError
+        from huggingface_hub.utils import validate_repo_id
 
         try:
             validate_repo_id(args.push_to_hub)
