@@ -22,10 +22,15 @@ The kernels serve a call when all hold:
   takes the PyTorch path);
 - not under torch.compile, jit tracing or a functorch transform.
 
-Building: `torch.utils.cpp_extension.load` compiles the source once per machine and torch version
-(10-30 s here; cached under TORCH_EXTENSIONS_DIR, by default ~/.cache/torch_extensions) with the vector
-width torch reports for the CPU. When that fails, route "native" raises with the compiler's message;
-route "auto" warns once and runs the PyTorch path.
+Building: `torch.utils.cpp_extension.load` compiles the source once per machine, torch version and
+vector width (10-30 s here) into `build_directory()`, under TORCH_EXTENSIONS_DIR (default
+~/.cache/torch_extensions), with the vector width torch reports for the CPU. A build says so in one
+line when it starts (what, where, how to skip it); processes that start at once (DDP ranks, test
+workers) take a file lock, so one builds and the others load its library. `swapformer build-kernels`
+builds ahead of time (images, clusters); `swapformer env` shows the state. When the build fails, route
+"native" raises with the compiler's message; route "auto" warns once and runs the PyTorch path. Where a
+compiler or ninja is missing, "auto" runs the PyTorch path and says why once, at the first call the
+kernels would have served.
 
 Outputs differ from the PyTorch path's by rounding only (another summation order: below 1e-6 absolute
 in fp32 on unit-scale inputs).
@@ -43,6 +48,7 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from transformers.utils import logging
 
 from .sparse_globals import global_keys_and_values, put_rows, query_rows
 from .sparse_layout import BlockLayout
@@ -51,6 +57,7 @@ from .torch_compat import functorch_active
 ROUTES = ("auto", "native", "torch")
 ENV = "SWAPFORMER_SPARSE_CPU"
 SOURCE = Path(__file__).resolve().parent / "csrc" / "sparse_native.cpp"
+logger = logging.get_logger(__name__)
 _VECTOR = 16  # global keys are padded to a multiple of the widest vector (16 floats)
 
 # the route asked for ("auto", "native" or "torch"): by `sparse_cpu`, else by the environment (read once)
@@ -58,6 +65,8 @@ _chosen: contextvars.ContextVar[str | None] = contextvars.ContextVar("swapformer
 _default: str | None = None
 _auto: str | None = None  # what "auto" means on this machine, worked out once
 _built: bool | None = None  # None: not tried yet; False: the build failed
+_unavailable: str | None = None  # why "auto" means the PyTorch path on a CPU the kernels serve
+_noticed = False  # the notice about `_unavailable` was given
 
 
 def _ninja() -> str | None:
@@ -101,12 +110,15 @@ def _missing() -> str | None:
 
 
 def _resolve(route: str) -> str:
-    global _auto
+    global _auto, _unavailable
     if route != "auto":
         return route
     if _auto is None:
         vector = torch.backends.cpu.get_cpu_capability().startswith(("AVX512", "AVX2"))
-        _auto = "native" if vector and _missing() is None else "torch"
+        missing = _missing() if vector else "no AVX2"
+        _auto = "native" if missing is None else "torch"
+        # a model loaded from remote-code files carries no C++ by design: no notice for that
+        _unavailable = missing if vector and SOURCE.exists() else None
     return "torch" if _built is False else _auto  # after a failed build (it warned): the PyTorch path
 
 
@@ -147,33 +159,107 @@ def _flags() -> list[str]:
     return []
 
 
-def build() -> None:
-    """Compile and load the kernels (once per process; the compiled library is cached on disk).
-    Raises RuntimeError with the compiler's message when that fails."""
+def _name() -> str:
+    return f"swapformer_sparse_native_{torch.backends.cpu.get_cpu_capability().lower()}"
+
+
+def build_directory() -> Path:
+    """Where the kernels are compiled and cached: one folder per torch version and vector width."""
+    base = os.environ.get("TORCH_EXTENSIONS_DIR") or Path.home() / ".cache" / "torch_extensions"
+    return Path(base) / "swapformer" / f"torch-{torch.__version__}" / _name()
+
+
+def library() -> Path:
+    return build_directory() / f"{_name()}.so"
+
+
+def _up_to_date() -> bool:
+    lib = library()
+    return lib.exists() and lib.stat().st_mtime >= SOURCE.stat().st_mtime
+
+
+@contextlib.contextmanager
+def _build_lock(directory: Path):
+    """One process at a time builds in `directory` (a file lock; others wait, then load its library)."""
+    try:
+        import fcntl
+    except ImportError:  # not POSIX: torch's own lock inside `load` still keeps builds apart
+        yield
+        return
+    with open(directory / "swapformer-build.lock", "w") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def build() -> Path:
+    """Compile (unless cached on disk) and load the kernels, once per process; returns the library's
+    path. Says so in one line when a compilation starts. Raises RuntimeError with the compiler's
+    message when that fails."""
     global _built
     if _built:
-        return
+        return library()
     from torch.utils.cpp_extension import load
 
     ninja = _ninja()
     if ninja is not None and shutil.which("ninja") is None:  # torch's build looks for ninja on PATH
         os.environ["PATH"] = f"{Path(ninja).parent}{os.pathsep}{os.environ.get('PATH', '')}"
-    capability = torch.backends.cpu.get_cpu_capability().lower()
+    directory = build_directory()
     try:
-        load(
-            name=f"swapformer_sparse_native_{capability}",
-            sources=[str(SOURCE)],
-            extra_cflags=["-O3", "-fopenmp", *_flags()],
-            extra_ldflags=["-fopenmp"],
-            is_python_module=False,
-        )
+        directory.mkdir(parents=True, exist_ok=True)
+        with _build_lock(directory):
+            if not _up_to_date():
+                logger.warning(
+                    f"swapformer: compiling the sparse backend's native CPU kernels (once per machine and "
+                    f"torch version, about 10-30 s) into {directory}. `swapformer build-kernels` does this "
+                    f"ahead of time; {ENV}=torch skips them (the PyTorch path)."
+                )
+            load(
+                name=_name(),
+                sources=[str(SOURCE)],
+                extra_cflags=["-O3", "-fopenmp", *_flags()],
+                extra_ldflags=["-fopenmp"],
+                build_directory=str(directory),
+                is_python_module=False,
+            )
     except Exception as error:
         _built = False
         raise RuntimeError(
-            f"swapformer could not build its sparse CPU kernels from {SOURCE}: {error}. "
+            f"swapformer could not build its sparse CPU kernels from {SOURCE} in {directory}: {error}. "
             f"Set {ENV}=torch to run the PyTorch path."
         ) from error
     _built = True
+    return library()
+
+
+def state() -> str:
+    """The kernels' state in one line, for `swapformer env`."""
+    missing = _missing()
+    if _built:
+        return f"built and loaded ({library()})"
+    if _built is False:
+        return "the build failed in this process (the PyTorch path runs)"
+    if missing is not None:
+        return f"cannot be built here: {missing}"
+    if _up_to_date():
+        return f"built ({library()}); loaded at the first sparse forward that uses them"
+    return f"not built yet: compiled at the first use (about 10-30 s) into {build_directory()}, or by `swapformer build-kernels`"
+
+
+def _notice_unavailable() -> None:
+    """Under route "auto", once per process: why the kernels do not serve this CPU."""
+    global _noticed
+    if _noticed or _unavailable is None or _requested() != "auto":
+        return
+    _noticed = True
+    warnings.warn(
+        f"swapformer: the sparse backend runs its PyTorch path, not its native CPU kernels (about 2x "
+        f"faster at long lengths), because {_unavailable}. Install what is missing, or set {ENV}=torch "
+        "to choose the PyTorch path without this notice.",
+        stacklevel=4,
+    )
 
 
 def _ready() -> bool:
@@ -210,7 +296,10 @@ def applies(
         return False
     if torch.compiler.is_compiling() or torch.jit.is_tracing() or functorch_active():
         return False
-    return sparse_cpu_route() == "native" and _ready()
+    if sparse_cpu_route() != "native":
+        _notice_unavailable()
+        return False
+    return _ready()
 
 
 def _last_contiguous(t: torch.Tensor) -> torch.Tensor:

@@ -25,6 +25,14 @@ SUBCOMMANDS = {
         "convert a transformers checkpoint folder into swapformer (or back with --to-hf), verified",
     ),
     "backends": ("swapformer.cli", "print the attention backend capability table (Markdown)"),
+    "env": (
+        "swapformer.env:add_env",
+        "print versions, machine, speed routes and dependency checks for a bug report",
+    ),
+    "build-kernels": (
+        "swapformer.env:add_build_kernels",
+        "compile the sparse backend's native CPU kernels ahead of first use",
+    ),
     "attention": (
         "swapformer.visualize_cli:add_attention",
         "draw a model's attention on a text as heatmaps (PNG, SVG or PDF)",

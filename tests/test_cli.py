@@ -138,7 +138,7 @@ RUN = ["--output-dir", "{tmp}/run"]
         (["convert", "{bert}", "{tmp}/out", "--tolerance", "x"], "argument --tolerance: invalid float value: 'x'"),
         (["convert", "{bert}", "{bert}/inside"], "choose an output folder outside the source"),
         (["backends", "--markdown"], "swapformer backends: error: unrecognized arguments: --markdown"),
-        (["nosuch"], "argument {{train,convert,backends,attention,pattern}}: invalid choice: 'nosuch'"),
+        (["nosuch"], "argument {{train,convert,backends,env,build-kernels,attention,pattern}}: invalid choice: 'nosuch'"),
         ([], "the following arguments are required"),
     ],
 )  # fmt: skip
