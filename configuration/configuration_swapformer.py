@@ -55,22 +55,60 @@ ROPE_TYPES = {
 LAYER_TYPES = tuple(LAYER_TYPE_PATTERN)
 # Pattern kinds with global tokens (the layers `global_projections` applies to).
 GLOBAL_KINDS = ("sliding_global", "bigbird")
-# Tensor-parallel plan of one stack of blocks, over swapformer's module names (Llama's styles): heads are
-# split over ranks (q/k/v by columns, o by rows), and so is the MLP's inner width.
-LAYER_TP_PLAN = {
-    "layers.*.self_attn.q_proj": "colwise",
-    "layers.*.self_attn.k_proj": "colwise",
-    "layers.*.self_attn.v_proj": "colwise",
-    "layers.*.self_attn.o_proj": "rowwise",
-    "layers.*.mlp.gate_proj": "colwise",
-    "layers.*.mlp.up_proj": "colwise",
-    "layers.*.mlp.down_proj": "rowwise",
-}
+# Tensor-parallel styles of an attention layer (transformers' names, Llama's choices): heads are split over
+# ranks, the projections into heads by columns and the one out of them by rows. The MLP's inner width is
+# split the same way (`_stack_tp_plan`).
+ATTENTION_TP_PLAN = {"q_proj": "colwise", "k_proj": "colwise", "v_proj": "colwise", "o_proj": "rowwise"}
 # Longformer's own projections of global tokens (`global_projections`), sharded by heads as q/k/v are
-GLOBAL_TP_PLAN = {f"layers.*.self_attn.{name}_global_proj": "colwise" for name in "qkv"}
-CROSS_TP_PLAN = {
-    k.replace("self_attn", "cross_attn"): v for k, v in LAYER_TP_PLAN.items() if "self_attn" in k
-}
+GLOBAL_TP_PLAN = {f"{name}_global_proj": "colwise" for name in "qkv"}
+# MLA (modeling/mla.py): the up-projections by heads, with the query's (`_stack_tp_plan`); the latent
+# projections (q_a_proj, kv_a_proj_with_mqa) are shared by all heads and stay whole on every rank
+LATENT_TP_PLAN = {"kv_b_proj": "colwise", "o_proj": "rowwise"}
+
+
+def tensor_parallel_plan(config) -> dict[str, str]:
+    """The base model's tensor-parallel plan (`base_model_tp_plan`): a rule for each module `config` builds,
+    and for nothing else (transformers warns about a rule that matches nothing).
+
+    Every token embedding is split by vocabulary rows, the layout of the heads' LM projection
+    (`colwise_gather_output`, their `_tp_plan`), so that a projection tied to an embedding has one layout in
+    both places, as transformers shards Llama's `embed_tokens`. `config` may be a config class, whose class
+    attributes are its defaults.
+    """
+    if not config.is_encoder_decoder:
+        return {"embed_tokens": "embedding_rowwise", **_stack_tp_plan(config, causal=config.causal)}
+    embeddings = ["shared"] if config.shared_embeddings else ["encoder.embed_tokens", "decoder.embed_tokens"]
+    plan = dict.fromkeys(embeddings, "embedding_rowwise")
+    for prefix, is_decoder in (("encoder.", False), ("decoder.", True)):
+        rules = _stack_tp_plan(config, causal=is_decoder, cross_attention=is_decoder)
+        plan.update({prefix + rule: style for rule, style in rules.items()})
+    return plan
+
+
+def _stack_tp_plan(config, *, causal: bool, cross_attention: bool = False) -> dict[str, str]:
+    """The rules of one stack of blocks: its self-attention, cross-attention and MLP projections."""
+    if getattr(config, "kv_lora_rank", None) is not None:
+        attention = {"q_proj" if config.q_lora_rank is None else "q_b_proj": "colwise", **LATENT_TP_PLAN}
+    elif config.global_projections and not causal:
+        attention = {**ATTENTION_TP_PLAN, **GLOBAL_TP_PLAN}
+    else:
+        attention = ATTENTION_TP_PLAN
+    plan = {f"layers.*.self_attn.{name}": style for name, style in attention.items()}
+    if cross_attention:
+        plan.update({f"layers.*.cross_attn.{name}": style for name, style in ATTENTION_TP_PLAN.items()})
+    if config.mlp_type == "gated":
+        plan["layers.*.mlp.gate_proj"] = "colwise"
+    plan.update({"layers.*.mlp.up_proj": "colwise", "layers.*.mlp.down_proj": "rowwise"})
+    return plan
+
+
+class _PlanOfConfig:
+    """`base_model_tp_plan`, which transformers reads on the config (`tp_plan="auto"`): built from the config's
+    fields when read, so it follows a field changed after construction and is never saved; read on the class,
+    the plan of its defaults. A plan assigned to an instance replaces it (a non-data descriptor)."""
+
+    def __get__(self, config, owner) -> dict[str, str]:
+        return tensor_parallel_plan(owner if config is None else config)
 
 
 def _check_int(name: str, value, minimum: int) -> None:
@@ -210,7 +248,7 @@ class SwapformerConfig(PreTrainedConfig):
     model_type = "swapformer"
     # read by transformers (tp_plan="auto", pipeline stages) for the base models: the encoder's and the
     # decoder's (embed_tokens, layers, norm), as Llama's
-    base_model_tp_plan = LAYER_TP_PLAN
+    base_model_tp_plan = _PlanOfConfig()
     base_model_pp_plan = {
         "embed_tokens": (["input_ids"], ["inputs_embeds"]),
         "layers": (["hidden_states", "attention_mask"], ["hidden_states"]),
@@ -299,14 +337,6 @@ class SwapformerConfig(PreTrainedConfig):
         self._validate()
         if backend is not None and not isinstance(backend, dict):
             check_backend_name(backend)
-        if self.global_projections:
-            # Per instance: the global projections exist only with this option (transformers reads the
-            # plan from the config and never serialises it).
-            prefix = "encoder." if self.is_encoder_decoder else ""
-            self.base_model_tp_plan = {
-                **type(self).base_model_tp_plan,
-                **{prefix + rule: how for rule, how in GLOBAL_TP_PLAN.items()},
-            }
 
     # Validation ---------------------------------------------------------------------------------
 
@@ -685,19 +715,6 @@ class DecoderConfig(SwapformerConfig):
         if self.kv_lora_rank is not None and self.head_dim is None:
             self.head_dim = self.qk_rope_head_dim
         super().__post_init__(**kwargs)
-        if self.kv_lora_rank is not None:
-            # Per instance (never saved): MLA shards its query and up-projections by heads; the latent
-            # projection (kv_a_proj_with_mqa) is shared by all heads and stays whole on every rank.
-            attention = {
-                "q_proj" if self.q_lora_rank is None else "q_b_proj": "colwise",
-                "kv_b_proj": "colwise",
-            }
-            plan = {
-                k: v
-                for k, v in type(self).base_model_tp_plan.items()
-                if not k.endswith(("q_proj", "k_proj", "v_proj"))
-            }
-            self.base_model_tp_plan = {**plan, **{f"layers.*.self_attn.{k}": v for k, v in attention.items()}}
 
     def _validate(self) -> None:
         super()._validate()
@@ -772,11 +789,6 @@ class Seq2SeqConfig(SwapformerConfig):
 
     model_type = "swapformer_seq2seq"
     # Seq2SeqModel holds two stacks; no pipeline plan (transformers' stages run one stack of layers)
-    base_model_tp_plan = {
-        "shared": "embedding_rowwise",  # the vocabulary split over ranks, as the lm_head tied to it
-        **{f"encoder.{k}": v for k, v in LAYER_TP_PLAN.items()},
-        **{f"decoder.{k}": v for k, v in {**LAYER_TP_PLAN, **CROSS_TP_PLAN}.items()},
-    }
     base_model_pp_plan = None
 
     decoder_layers: int | None = None

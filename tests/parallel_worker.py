@@ -2,17 +2,21 @@
 
     python -m torch.distributed.run --nproc_per_node=N tests/parallel_worker.py fsdp ARCH OUT.json
     python -m torch.distributed.run --nproc_per_node=N tests/parallel_worker.py tp ARCH FOLDER OUT.json
+    python -m torch.distributed.run --nproc_per_node=N tests/parallel_worker.py tp_each ROOT OUT.json
 
 fsdp: `fully_shard` on every block named by `_no_split_modules`, then on the root; a few SGD steps on a
 fixed global batch split over the processes; rank 0 writes the global loss of each step.
 tp: `from_pretrained(FOLDER, distributed_config=DistributedConfig(tp_plan="auto"))` (the model's plan); rank 0 writes the
 logits' max difference from the unsharded model and how many weights were sharded.
+tp_each: tp for every model folder ARCH-... under ROOT in one launch (starting processes is the slow part);
+rank 0 writes {folder name: tp's result plus the names of the sharded parameters, aliases included}.
 """
 
 from __future__ import annotations
 
 import json
 import sys
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -43,6 +47,12 @@ def summed_loss(arch: str, logits: torch.Tensor, labels: torch.Tensor) -> torch.
     )
 
 
+def write(out: str, result) -> None:
+    if dist.get_rank() == 0:
+        with open(out, "w") as f:
+            json.dump(result, f)
+
+
 def train_fsdp(arch: str, out: str) -> None:
     rank, world = dist.get_rank(), dist.get_world_size()
     mesh = init_device_mesh("cpu", (world,))
@@ -69,12 +79,11 @@ def train_fsdp(arch: str, out: str) -> None:
         total = total.detach()
         dist.all_reduce(total)
         losses.append(float(total) / n_global)
-    if rank == 0:
-        with open(out, "w") as f:
-            json.dump(losses, f)
+    write(out, losses)
 
 
-def tensor_parallel(arch: str, folder: str, out: str) -> None:
+def sharded_and_unsharded(arch: str, folder) -> dict:
+    """Logits of the model in `folder` loaded with tp_plan="auto" against the same weights loaded whole."""
     from torch.distributed.tensor import DTensor
     from transformers import (
         AutoModelForCausalLM,
@@ -94,16 +103,22 @@ def tensor_parallel(arch: str, folder: str, out: str) -> None:
         sharded = auto.from_pretrained(folder, distributed_config=DistributedConfig(tp_plan="auto")).eval()
         got = sharded(**batch).logits
         want = auto.from_pretrained(folder).eval()(**batch).logits
-    if dist.get_rank() == 0:
-        n_sharded = sum(isinstance(p, DTensor) for p in sharded.parameters())
-        with open(out, "w") as f:
-            json.dump({"diff": float((got - want).abs().max()), "sharded": n_sharded}, f)
+    names = [n for n, p in sharded.named_parameters(remove_duplicate=False) if isinstance(p, DTensor)]
+    n_sharded = sum(isinstance(p, DTensor) for p in sharded.parameters())
+    return {"diff": float((got - want).abs().max()), "sharded": n_sharded, "sharded_names": names}
+
+
+def tensor_parallel(arch: str, folder: str, out: str) -> None:
+    write(out, sharded_and_unsharded(arch, folder))
+
+
+def tensor_parallel_each(root: str, out: str) -> None:
+    folders = sorted(Path(root).iterdir())
+    write(out, {f.name: sharded_and_unsharded(f.name.split("-")[0], f) for f in folders})
 
 
 if __name__ == "__main__":
     dist.init_process_group("gloo")
-    if sys.argv[1] == "fsdp":
-        train_fsdp(*sys.argv[2:])
-    else:
-        tensor_parallel(*sys.argv[2:])
+    modes = {"fsdp": train_fsdp, "tp": tensor_parallel, "tp_each": tensor_parallel_each}
+    modes[sys.argv[1]](*sys.argv[2:])
     dist.destroy_process_group()

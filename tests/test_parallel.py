@@ -4,6 +4,7 @@ plans naming swapformer's modules."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import re
@@ -14,6 +15,9 @@ from pathlib import Path
 import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoModelForMaskedLM, AutoModelForSeq2SeqLM
+from transformers.integrations.tensor_parallel import replace_layer_number_by_wildcard, verify_tp_plan
+from transformers.testing_utils import CaptureLogger
+from transformers.utils import logging as hf_logging
 
 import swapformer
 
@@ -128,20 +132,110 @@ def test_fsdp2_two_processes_train_like_one(arch, tmp_path, report):
     assert diff <= 1e-5
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("arch", ARCHS)
-def test_tensor_parallel_two_processes(arch, tmp_path, report):
-    """`from_pretrained(distributed_config=DistributedConfig(tp_plan="auto"))` in 2 processes shards the attention and MLP projections by the
-    plans (heads split over ranks) and gives the unsharded logits; tied output embeddings included."""
+def tp_cases() -> dict[str, tuple[str, dict]]:
+    """Every shape the tensor-parallel plan takes (issue 26), by label: each architecture x a gated MLP or not x
+    (the encoder-decoder's) shared or separate embeddings x the output projection tied to an input embedding
+    or not."""
+    cases = {}
+    for arch, mlp, shared, tied in itertools.product(ARCHS, ("gated", "mlp"), (True, False), (True, False)):
+        options = {"mlp_type": mlp, "tie_word_embeddings": tied}
+        words = [arch, mlp]
+        if arch == "seq2seq":  # only the encoder-decoder has two embeddings to share
+            options["shared_embeddings"] = shared
+            words.append("shared" if shared else "separate")
+        elif not shared:
+            continue
+        cases["-".join([*words, "tied" if tied else "untied"])] = (arch, options)
+    return cases
+
+
+TP_CASES = tp_cases()
+# The dim of a weight (vocab, hidden) or (out, in) that each style splits over ranks.
+WEIGHT_SHARD_DIM = {"embedding_rowwise": 0, "colwise": 0, "colwise_gather_output": 0, "rowwise": 1}
+
+
+def tp_model(arch: str, options: dict):
     config = tiny_config(
-        arch, position_embedding_type="rope", num_key_value_heads=2, mlp_type="gated", hidden_act="silu"
+        arch, position_embedding_type="rope", num_key_value_heads=2, hidden_act="silu", **options
     )
-    build(LM_CLASSES[arch], config).save_pretrained(tmp_path / "model")
-    result = torchrun(2, "tp", arch, tmp_path / "model", out=tmp_path / "tp.json")
-    report("tensor-parallel vs unsharded logits", result["diff"])
-    layers = config.num_hidden_layers + (config.decoder_layers if arch == "seq2seq" else 0)
-    assert result["sharded"] >= 7 * layers  # q, k, v, o, gate, up, down of every block (and their biases)
-    assert result["diff"] <= 1e-5
+    return build(LM_CLASSES[arch], config)
+
+
+def planned_styles(model) -> dict[str, str | None]:
+    """The style model.tp_plan gives each module (by its first name: an alias of `shared` is `shared`), matched
+    as transformers expands the plan: the module's name with its layer numbers as `*`."""
+    return {
+        name: model.tp_plan.get(replace_layer_number_by_wildcard(name)) for name, _ in model.named_modules()
+    }
+
+
+def required_styles(model) -> dict[str, str]:
+    """What must be sharded and how: each attention and MLP projection by heads or inner width (q, k, v, gate,
+    up by columns, o and down by rows), the LM head by vocabulary gathering its output, and each token
+    embedding by vocabulary rows, the head's layout, as transformers does for Llama."""
+    head = model.get_output_embeddings()
+    required = {}
+    for name, module in model.named_modules():
+        if isinstance(module, torch.nn.Linear) and re.search(r"\.(self_attn|cross_attn|mlp)\.", name):
+            required[name] = "rowwise" if name.endswith(("o_proj", "down_proj")) else "colwise"
+        elif module is head:
+            required[name] = "colwise_gather_output"
+        elif isinstance(module, torch.nn.Embedding) and name.endswith(("embed_tokens", "shared")):
+            required[name] = "embedding_rowwise"
+    return required
+
+
+def logged(logger_name: str, fn) -> str:
+    with CaptureLogger(hf_logging.get_logger(logger_name)) as captured:
+        fn()
+    return captured.out
+
+
+@pytest.mark.parametrize("arch, options", TP_CASES.values(), ids=TP_CASES)
+def test_tensor_parallel_plan_holds_exactly_the_modules_that_exist(arch, options):
+    """transformers' own checks find no rule that matches nothing: `verify_tp_plan`, which from_pretrained runs
+    on the state dict, and the `tp_plan` setter's check over modules and parameters. Every module that must be
+    sharded is, and a weight tied to another is split along the same dim in both places."""
+    model = tp_model(arch, options)
+    plan = dict(model.tp_plan)
+    out = logged(
+        "transformers.distributed.tensor_parallel", lambda: verify_tp_plan(list(model.state_dict()), plan)
+    )
+    assert "rules were not applied" not in out, out
+    out = logged("transformers.distributed.mixin", lambda: setattr(model, "tp_plan", plan))
+    assert "match nothing" not in out, out
+    styles = planned_styles(model)
+    wrong = {
+        name: (styles[name], style) for name, style in required_styles(model).items() if styles[name] != style
+    }
+    assert not wrong, f"(planned, required) styles differ: {wrong}"
+    names = {id(module): name for name, module in reversed(list(model.named_modules()))}  # first names win
+    for target, source in model.all_tied_weights_keys.items():
+        modules = [names[id(model.get_submodule(key.rpartition(".")[0]))] for key in (target, source)]
+        dims = [WEIGHT_SHARD_DIM.get(styles[name]) for name in modules]
+        assert dims[0] == dims[1], f"tied {target} -> {source}: {modules} are split along dims {dims}"
+
+
+@pytest.mark.slow
+def test_tensor_parallel_two_processes_every_combination(tmp_path, report):
+    """`from_pretrained(distributed_config=DistributedConfig(tp_plan="auto"))` in 2 gloo processes, one launch
+    for all of TP_CASES: the plan shards what `required_styles` names, and the logits are those of the unsharded
+    model loaded from the same weights."""
+    required = {}
+    for label, (arch, options) in TP_CASES.items():
+        model = tp_model(arch, options)
+        model.save_pretrained(tmp_path / "models" / label)
+        required[label] = {f"{name}.weight" for name in required_styles(model)}
+    results = torchrun(2, "tp_each", tmp_path / "models", out=tmp_path / "tp.json")
+    assert set(results) == set(TP_CASES)
+    for label, result in results.items():
+        report(f"{label}: tensor-parallel vs unsharded logits", result["diff"])
+    failed = {label: result["diff"] for label, result in results.items() if not result["diff"] <= 1e-5}
+    assert not failed, f"logits differ from the unsharded model's by more than 1e-5: {failed}"
+    whole = {
+        label: sorted(required[label] - set(result["sharded_names"])) for label, result in results.items()
+    }
+    assert not any(whole.values()), f"left whole on every rank: {whole}"
 
 
 LONGFORMER_LIKE = dict(
