@@ -35,6 +35,7 @@ FEATURES = (
     "cross_attention",
     "padding",
     "packing",
+    "custom_mask",
     "gqa",
     "latent_attention",
     "dropout",
@@ -58,6 +59,9 @@ class Capabilities:
     cross_attention: bool = True
     padding: bool = True
     packing: bool = True  # several sequences per row kept apart (restarting position_ids, cu_seq_lens_*)
+    # a 4D attention_mask (batch, 1, query, key) of any pattern: the backend applies a dense or per-block
+    # mask evaluated from the pattern (modeling/masks.py), not only padding and kernel arguments
+    custom_mask: bool = True
     gqa: bool = True
     # multi-head latent attention (DecoderConfig.kv_lora_rank): per-head keys wider than the values
     latent_attention: bool = True
@@ -118,6 +122,7 @@ BACKENDS: dict[str, Capabilities] = {
     ),
     "flash_attention_2": Capabilities(
         patterns=("full", "sliding"),
+        custom_mask=False,  # the kernel takes a padding mask or varlen boundaries, not a mask per pair
         position_bias=False,
         latent_attention=False,  # flash-attn's kernels take one head width for q, k and v
         output_attentions="recomputed",
@@ -136,6 +141,7 @@ BACKENDS: dict[str, Capabilities] = {
         patterns=("full",),
         padding=False,
         packing=False,
+        custom_mask=False,
         position_bias=False,
         latent_attention=False,  # SDPA's FlashAttention kernel takes one head width for q, k and v
         dropout=True,
@@ -152,7 +158,10 @@ BACKENDS: dict[str, Capabilities] = {
 
 
 # How a refusal names a feature, where its column name is not enough.
-DESCRIPTIONS = {"linformer": "Linformer's projected keys and values (linformer_k)"}
+DESCRIPTIONS = {
+    "linformer": "Linformer's projected keys and values (linformer_k)",
+    "custom_mask": "a 4D attention_mask (batch, 1, query, key)",
+}
 
 
 def runs_everything(caps: Capabilities) -> bool:

@@ -13,6 +13,10 @@ vmap (flex's `mask_mod`), and every backend therefore computes the same function
 
     allowed(q, k) = in_cache(k) & not_padding(k) & [k <= q if causal] & same_sequence(q, k) & structure(q, k)
 
+    with a 4D attention_mask (the user's `custom(q, k)`, given instead of the padding mask; no packing):
+    full layers      in_cache(k) & custom(q, k)      (the mask stands in for causality, as in LlamaModel)
+    windowed kinds   in_cache(k) & custom(q, k) & [k <= q if causal] & structure(q, k)
+
     structure: full            True
                sliding         window(q, k)
                sliding_global  window(q, k) | global(k) | global(q)
@@ -30,6 +34,10 @@ vmap (flex's `mask_mod`), and every backend therefore computes the same function
                growing sequence never changes. Blocks outside 0..n-1 hold no random keys
     same_sequence: True, or for packed rows (packing.py) the query's and the key's sequence numbers
                agree; global tokens are then the first tokens of each sequence
+    custom:    the 4D mask at (row of q, k): True (bool) or 0 (float) where q may attend k. Windowed kinds
+               keep their pattern because their caches and the sparse block layouts hold only the keys it
+               reaches; a full layer's causality is the mask's to state (transformers uses a 4D mask as
+               the whole mask), so a prefix-LM or any other mask runs as LlamaModel runs it
 
 The mask each backend consumes is lowered from the pattern by lowering.py.
 """
@@ -44,6 +52,16 @@ from dataclasses import dataclass
 import torch
 
 from .packing import PackedSequences
+
+# A float 4D mask holds 0 where a query may attend a key and at most this where not (transformers' masks
+# hold the dtype's minimum, BERT's original code -10000); values between are refused (checks.py).
+MASKED_AT_MOST = -1e4
+
+
+def custom_allowed(mask: torch.Tensor, batch: int) -> torch.Tensor:
+    """A checked 4D attention_mask (B or 1, 1, T, S), bool or float -> (B, T, S) bool, True where allowed."""
+    allowed = mask if mask.dtype == torch.bool else mask > MASKED_AT_MOST
+    return allowed[:, 0].expand(batch, -1, -1)
 
 
 def random_block_table(
@@ -138,6 +156,8 @@ class AttentionPattern:
             so query and key indices are those of the packed tensors.
         bias_fn, query_pos, key_pos: additive position bias from positions (B, T) and (B, S);
             `bias_fn(q_pos, k_pos)` broadcasts and returns (..., H).
+        custom_mask: (B, T, S) bool, the user's 4D attention_mask at the keys of the key tensor, or None;
+            on full layers it replaces causality (see the module docstring).
     """
 
     kind: str
@@ -163,6 +183,7 @@ class AttentionPattern:
     key_packing: PackedSequences | None = None
     random_index: torch.Tensor | None = None
     random_start: torch.Tensor | None = None
+    custom_mask: torch.Tensor | None = None
 
     # Predicates ---------------------------------------------------------------------------------
 
@@ -199,7 +220,9 @@ class AttentionPattern:
         row = (q - self.query_offset).clamp(0, self.query_length - 1)
         if self.key_valid is not None:
             ok = ok & self.key_valid[b, safe]
-        if self.causal:
+        if self.custom_mask is not None:
+            ok = ok & self.custom_mask[b, row, safe]
+        if self.causal and (self.custom_mask is None or self.kind != "full"):
             ok = ok & (k <= q)
         if self.query_packing is not None:
             ok = ok & (self.query_packing.ids[b, row] == self.key_packing.ids[b, safe])
@@ -275,7 +298,7 @@ class AttentionPattern:
         False when the answer would depend on data: a static cache's token count held in a tensor."""
         if self.kind != "full" or self.bias_fn is not None or self.key_valid is not None:
             return False
-        if self.query_packing is not None:
+        if self.query_packing is not None or self.custom_mask is not None:
             return False
         if torch.is_tensor(self.query_offset) or torch.is_tensor(self.total_length):
             return False

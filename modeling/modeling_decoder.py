@@ -64,7 +64,8 @@ class DecoderModel(StackMixin, DecoderPreTrainedModel):
     ) -> BaseModelOutputWithPast | tuple:
         """
         Args:
-            attention_mask: (B, P + T) over cached and new tokens, 1 for tokens, 0 for padding.
+            attention_mask: (B, P + T) over cached and new tokens, 1 for tokens, 0 for padding; or a 4D
+                mask (B, 1, T, P + T) (README: Custom attention masks).
             cache: a transformers `Cache` holding P tokens (`past_key_values=` and `cache_params=` are
                 its deprecated names; `cache_position`, if given, must be P..P+T-1).
             use_cache: create a `DynamicCache` when none is given and return it (off, with
@@ -174,14 +175,15 @@ class DecoderForSequenceClassification(DecoderPreTrainedModel):
         return_dict: bool | None = None,
         **kwargs: Unpack[BaseModelKwargs],
     ) -> SequenceClassifierOutputWithPast | tuple:
-        """The last token is the last one with attention_mask 1 (left or right padding), else
-        the last one that is not `pad_token_id`, else the last position."""
+        """The last token is the last one with a (B, P + T) attention_mask 1 (left or right padding),
+        else the last one that is not `pad_token_id` (with a 4D mask too, as Llama's), else the last
+        position."""
         base_inputs = (input_ids, attention_mask, position_ids, cache, inputs_embeds, use_cache)
         out = self.model(*base_inputs, return_dict=True, **kwargs)
         logits = self.score(out.last_hidden_state)  # (B, T, num_labels)
         b, t = logits.shape[:2]
         positions = torch.arange(t, device=logits.device)
-        if attention_mask is not None:
+        if attention_mask is not None and attention_mask.dim() == 2:
             last = (attention_mask[:, -t:].to(logits.device).bool() * positions).argmax(-1)
         elif input_ids is not None and self.config.pad_token_id is not None:
             last = ((input_ids != self.config.pad_token_id).to(logits.device) * positions).argmax(-1)

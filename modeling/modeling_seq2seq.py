@@ -103,6 +103,13 @@ class Seq2SeqModel(Seq2SeqPreTrainedModel):
     def run_encoder(self, input_ids, attention_mask, position_ids, inputs_embeds, encoder_outputs, kwargs):
         """The encoder's output (computed, or `encoder_outputs` as given) and its packed sequences,
         found again from the inputs when the output was given, for cross-attention."""
+        if attention_mask is not None and attention_mask.dim() == 4:
+            raise ValueError(
+                f"attention_mask has shape {tuple(attention_mask.shape)}, but an encoder-decoder's attention_mask also "
+                "masks cross-attention, so it is the (batch, source length) padding mask; run a 4D mask through "
+                "the encoder alone (model.get_encoder()(input_ids, attention_mask=mask)) and pass its output as "
+                "encoder_outputs (decoder_attention_mask may be 4D)"
+            )
         if encoder_outputs is None:
             encoder_outputs = self.encoder(
                 input_ids, attention_mask, position_ids, inputs_embeds, return_dict=True, **kwargs

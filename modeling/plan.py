@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..configuration.backends import LAYER_TYPE_PATTERN, check_batch_feature
+from ..configuration.backends import DESCRIPTIONS, LAYER_TYPE_PATTERN, check_batch_feature
 from ..configuration.configuration_swapformer import GLOBAL_KINDS
 from .attention import check_backend_for_batch, eager_attention_forward, lower_mask
 from .cache import CacheView, KeyGeometry
@@ -115,6 +115,8 @@ class ForwardPlan:
                 check_batch_feature(
                     backend, "packing", "packed sequences (restarting position_ids, cu_seq_lens_* or seq_idx)"
                 )
+        if positions.custom is not None:
+            check_custom_mask(stack, backends.values())
         for lt, pattern in patterns.items():
             check_backend_for_batch(backends[lt], pattern.kind, stack, positions.device)
         linformer = getattr(stack, "linformer", None)
@@ -141,6 +143,19 @@ class ForwardPlan:
                 lt: LayerPlan.make(lt, pattern, pattern, backends[lt], dtype, None, cache) for lt in patterns
             }
         return cls(positions, rope, layers, cross)
+
+
+def check_custom_mask(stack, backends) -> None:
+    """The table's refusal of a 4D attention_mask by a backend without the `custom_mask` column; and
+    Linformer's, whose layers attend to projected rows that no token mask applies to."""
+    for backend in sorted(set(backends)):
+        check_batch_feature(backend, "custom_mask", DESCRIPTIONS["custom_mask"])
+    if getattr(stack, "linformer", None) is not None:
+        raise ValueError(
+            f"A 4D attention_mask cannot apply to Linformer's projected keys and values (linformer_k="
+            f"{stack.config.linformer_k} mixes every token into each projected key); pass a (batch, length) "
+            "padding mask, or use a model without linformer_k"
+        )
 
 
 # Patterns ----------------------------------------------------------------------------------------------
@@ -175,6 +190,9 @@ def self_attention_pattern(stack, layer_type: str, pos: Positions, cache: CacheV
         )
     if kind == "bigbird":
         extra.update(random_blocks(config, stack.causal, pos, keys))
+    if pos.custom is not None:
+        picked = pos.custom[:, :, index.clamp(0, pos.custom.shape[-1] - 1)]
+        extra.update(custom_mask=picked.masked_fill(index >= pos.custom.shape[-1], False))
     has_bias = config.position_embedding_type in ("alibi", "relative_bias")
     return AttentionPattern(
         kind=kind,

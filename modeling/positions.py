@@ -17,6 +17,8 @@ import torch
 from torch import nn
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
+from .checks import refuse_packing_with_custom_mask
+from .masks import custom_allowed
 from .packing import PackedSequences, find_packed_sequences
 
 # Token positions of a forward ------------------------------------------------------------------------
@@ -48,6 +50,9 @@ class Positions:
         query: (B, T) position of each new token (the `position_ids`).
         keys: (B, span) position of each key; packed rows restart them per sequence.
         packing: the packed sequences of the new tokens, or None when each row holds one.
+        custom: (B, T, span) bool, a 4D attention_mask (True where a new token may attend a key), or None.
+            With one there is no padding mask and no packing: the mask says which keys each query sees,
+            and positions default to past .. past + T - 1, as LlamaModel's do.
     """
 
     batch: int
@@ -59,6 +64,7 @@ class Positions:
     query: torch.Tensor
     keys: torch.Tensor
     packing: PackedSequences | None
+    custom: torch.Tensor | None = None
 
     @classmethod
     def of(cls, *, batch, length, past, span, device, attention_mask, position_ids, packing_inputs, prefix):
@@ -66,17 +72,23 @@ class Positions:
 
         Under torch.compile every row with `position_ids` counts as packed (whether it is would depend
         on the data); generate() passes position_ids at every step of a compiled model."""
+        custom = None
+        if attention_mask is not None and attention_mask.dim() == 4:
+            refuse_packing_with_custom_mask(packing_inputs, prefix)
+            custom, attention_mask = custom_allowed(attention_mask, batch), None
         key_valid = attention_mask.bool() if attention_mask is not None else None
-        packing = find_packed_sequences(
-            batch=batch,
-            length=length,
-            device=device,
-            key_valid=new_columns(key_valid, past, length) if key_valid is not None else None,
-            position_ids=position_ids,
-            past=past,
-            prefix=prefix,
-            **packing_inputs,
-        )
+        packing = None
+        if custom is None:
+            packing = find_packed_sequences(
+                batch=batch,
+                length=length,
+                device=device,
+                key_valid=new_columns(key_valid, past, length) if key_valid is not None else None,
+                position_ids=position_ids,
+                past=past,
+                prefix=prefix,
+                **packing_inputs,
+            )
         key_pos = positions_from_mask(key_valid, batch, span, device)  # (B, S)
         if position_ids is None:
             position_ids = (
@@ -86,7 +98,7 @@ class Positions:
             position_ids = position_ids.view(-1, length).expand(batch, length).to(device)
         if (key_valid is None and isinstance(past, int) and past == 0) or packing is not None:
             key_pos = position_ids
-        return cls(batch, length, past, span, device, key_valid, position_ids, key_pos, packing)
+        return cls(batch, length, past, span, device, key_valid, position_ids, key_pos, packing, custom)
 
     @property
     def total(self):

@@ -221,9 +221,10 @@ def _regular_blocks(pattern: AttentionPattern, q_abs: torch.Tensor, band_abs: to
     """For a window or window + global pattern: the band mask every query block shares when nothing
     but the window decides within it, (b, band) additive, and the blocks where something else does
     (a row beyond the queries, a band key beyond the keys or the tokens seen, a padding key, a global
-    key or query): those evaluate the predicate. None for packed rows and bigbird (every block
-    evaluates it)."""
-    if pattern.query_packing is not None or pattern.random_table is not None or pattern.key_prefix:
+    key or query): those evaluate the predicate. None for packed rows, bigbird and a 4D attention_mask
+    (every block evaluates it)."""
+    every_block = (pattern.query_packing, pattern.random_table, pattern.custom_mask)
+    if pattern.key_prefix or any(x is not None for x in every_block):
         return None
     device, b, band = pattern.device, q_abs.shape[1], band_abs.shape[1]
     left = int(q_abs[0, 0] - band_abs[0, 0])

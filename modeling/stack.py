@@ -142,7 +142,8 @@ class StackMixin:
 
         Args:
             input_ids: (B, T) token ids, or `inputs_embeds` (B, T, E).
-            attention_mask: (B, P + T), 1 for tokens and 0 for padding.
+            attention_mask: (B, P + T), 1 for tokens and 0 for padding; or a 4D mask (B or 1, 1, T, P + T),
+                bool (True = attend) or float (0 = attend, <= -1e4 = masked), as masks.py applies it.
             position_ids: (B, T) or (1, T); by default counted over non-padding tokens.
             global_attention_mask: (B, P + T), 1 for tokens that attend to all and are attended by
                 all in `sliding_global_attention` and `bigbird_attention` layers.

@@ -79,6 +79,21 @@ def packed(backend):
         return model(ids, position_ids=positions).last_hidden_state
 
 
+def custom_mask(backend):
+    """A 4D attention_mask: two packed documents in one row, through a window + global layer and a full
+    one. A CUDA-only row is put in place without the device check: the forward refuses the mask before
+    any kernel runs."""
+    on_cpu = "cpu" in BACKENDS[backend].devices
+    model = build(
+        swapformer.DecoderModel, config("decoder", "sliding_global"), attn=backend if on_cpu else "eager"
+    )
+    model.config._attn_implementation_internal = backend
+    ids = torch.arange(3, 15)[None]
+    mask = torch.block_diag(torch.ones(5, 5), torch.ones(7, 7)).bool().tril()[None, None]
+    with torch.no_grad():
+        return model(ids, attention_mask=mask).last_hidden_state
+
+
 def maps(backend):
     """The attention maps of every layer (recomputed where the kernel has none)."""
     model = build(swapformer.EncoderModel, config("encoder", "sliding_global"), attn=backend)
@@ -142,6 +157,7 @@ CASES = [
     Case("cross_attention", "cross_attention", lambda c: c.cross_attention, hidden("seq2seq")),
     Case("padding", "left padding", lambda c: c.padding, hidden("decoder", padding="left")),
     Case("packing", "packing", lambda c: c.packing, packed),
+    Case("custom_mask", "4D mask", lambda c: c.custom_mask, custom_mask),
     Case("gqa", "gqa", lambda c: c.gqa, hidden("encoder", pattern="sliding_global", num_key_value_heads=2)),
     Case("dropout", "dropout in training", lambda c: c.dropout, dropout),
     *(
@@ -182,6 +198,7 @@ FLEX_ELSEWHERE = {
     "gqa": "tests/test_pattern_oracle.py::test_flex_equals_the_oracle (2 kv heads)",
     "packing": "tests/test_packing.py::test_flex_packed_row_equals_each_sequence_alone",
     "decoding": "tests/test_generate.py::test_flex_attention_decoding_equals_uncached_forward",
+    "4D mask": "tests/test_custom_masks.py::test_flex_attention_equals_eager_on_a_4d_mask",
     "cross_attention": "not run anywhere: 3 compiles, ~70 s on the CPU (a gap, reported)",
 }
 
@@ -231,6 +248,12 @@ def test_backend_does_what_its_row_says(backend, case, eager_results):
             f"{backend} supports {case.feature} ({case.label}) by its row but does not match eager"
         )
         return
+    check_refusal(backend, case, eager_results)
+
+
+def check_refusal(backend: str, case: Case, eager_results: dict) -> None:
+    """The case raises the table's ValueError naming `backend`; every backend it offers instead has the
+    feature, and the first that runs on the CPU gives eager's result."""
     with pytest.raises(ValueError) as info:
         case.run(backend)
     message = str(info.value)
@@ -241,6 +264,12 @@ def test_backend_does_what_its_row_says(backend, case, eager_results):
         assert case.supported(BACKENDS[name]), f"{message}\noffers {name!r}, whose row lacks {case.feature}"
     way_out = next(n for n in alternatives if "cpu" in BACKENDS[n].devices)
     assert max_diff(case.run(way_out), eager(case, eager_results)) <= case.tol
+
+
+@pytest.mark.parametrize("backend", [n for n, c in BACKENDS.items() if not c.custom_mask])
+def test_rows_without_custom_masks_refuse_one_in_the_forward(backend, eager_results):
+    """The 4D mask is a fact of the batch, refused when the forward sees it, also by the CUDA-only rows."""
+    check_refusal(backend, next(c for c in CASES if c.feature == "custom_mask"), eager_results)
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA")
