@@ -364,7 +364,8 @@ class SwapformerConfig(PreTrainedConfig):
         _check_choice("mlp_type", self.mlp_type, MLP_TYPES)
         _check_choice("hidden_act", self.hidden_act, ACTIVATIONS)
         _check_choice("initializer", self.initializer, INITIALIZERS)
-        if self.position_embedding_type == "rope" and self.head_dim % 2:
+        whole_head = (self.rope_parameters or {}).get("partial_rotary_factor", 1.0) == 1.0
+        if self.position_embedding_type == "rope" and self.head_dim % 2 and whole_head:
             raise ValueError(
                 f"position_embedding_type='rope' needs an even head_dim, got head_dim={self.head_dim}"
             )
@@ -537,11 +538,7 @@ class SwapformerConfig(PreTrainedConfig):
             raise ValueError(
                 f"rope_parameters for rope_type={rope_type!r} needs {', '.join(map(repr, missing))}, got {params}"
             )
-        if params.get("partial_rotary_factor", 1.0) != 1.0:
-            raise ValueError(
-                f"rope_parameters['partial_rotary_factor']={params['partial_rotary_factor']}: swapformer rotates the "
-                "whole head; drop it (or use 1.0)"
-            )
+        self._check_partial_rotary(params.get("partial_rotary_factor", 1.0))
         for key in (
             "factor",
             "low_freq_factor",
@@ -568,6 +565,30 @@ class SwapformerConfig(PreTrainedConfig):
             raise ValueError(
                 f"rope_parameters high_freq_factor={params['high_freq_factor']} must exceed low_freq_factor="
                 f"{params['low_freq_factor']} (Llama 3.1: 4.0 and 1.0)"
+            )
+
+    def _check_partial_rotary(self, factor) -> None:
+        """RoPE rotates the first int(head_dim * factor) dims of each head (StableLM, Phi, GPT-NeoX), in
+        pairs: that count must be even and > 0."""
+        name = "rope_parameters['partial_rotary_factor']"
+        if isinstance(factor, bool) or not isinstance(factor, (int, float)):
+            raise TypeError(f"{name} must be a number in (0, 1], got {factor!r} ({type(factor).__name__})")
+        if not 0 < factor <= 1:
+            raise ValueError(
+                f"{name}={factor!r} must be in (0, 1]: the share of each head that RoPE rotates (StableLM: 0.25)"
+            )
+        if factor != 1 and self.position_embedding_type != "rope":
+            raise ValueError(
+                f"{name}={factor} but position_embedding_type={self.position_embedding_type!r}; set "
+                "position_embedding_type='rope' or drop partial_rotary_factor"
+            )
+        rotated = int(self.head_dim * factor)
+        if rotated == 0 or rotated % 2:
+            even = max(2, rotated - rotated % 2)
+            raise ValueError(
+                f"{name}={factor} rotates int(head_dim={self.head_dim} * {factor}) = {rotated} dims; RoPE rotates "
+                f"pairs of dims, so that must be even and > 0: use a factor that gives an even count, e.g. "
+                f"{even / self.head_dim:g} ({even} dims)"
             )
 
     @property
@@ -752,6 +773,13 @@ class DecoderConfig(SwapformerConfig):
             raise ValueError(
                 f"Under multi-head latent attention head_dim is the RoPE part's width: head_dim={self.head_dim} "
                 f"!= qk_rope_head_dim={self.qk_rope_head_dim}; leave head_dim=None or set it equal"
+            )
+        partial = self.rope_parameters.get("partial_rotary_factor", 1.0)
+        if partial != 1.0:
+            raise ValueError(
+                f"rope_parameters['partial_rotary_factor']={partial}: multi-head latent attention rotates its "
+                f"whole RoPE part (qk_rope_head_dim={self.qk_rope_head_dim}); drop partial_rotary_factor and set "
+                "qk_rope_head_dim to the width that rotates"
             )
         if set(self.layer_types) != {"full_attention"}:
             raise ValueError(

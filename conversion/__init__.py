@@ -6,7 +6,19 @@ engine applying their key maps both ways (engine.py), folder-to-folder conversio
 from __future__ import annotations
 
 # Each family file registers its Family in FAMILIES when imported.
-from . import bart, bert, big_bird, deepseek_v3, gpt2, llama, longformer, mistral, roberta, t5  # noqa: F401
+from . import (  # noqa: F401
+    bart,
+    bert,
+    big_bird,
+    deepseek_v3,
+    gpt2,
+    llama,
+    longformer,
+    mistral,
+    roberta,
+    stablelm,
+    t5,
+)
 from .checkpoint import convert
 from .engine import (
     build_target,

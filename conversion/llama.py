@@ -48,8 +48,9 @@ DECODER_FIELDS = Fields.parse(
 )
 
 
-def decoder_config(hf, **fields) -> DecoderConfig:
-    """The swapformer config of a Llama-like HF config (`fields` add to or override it)."""
+def decoder_config(hf, table: Fields = DECODER_FIELDS, **fields) -> DecoderConfig:
+    """The swapformer config of a Llama-like HF config whose fields `table` names (`fields` add to or
+    override it)."""
     rope = dict(hf.rope_parameters or {})
     rope.setdefault("rope_theta", 10000.0)
     if rope.get("rope_type", "default") not in ROPE_TYPES:
@@ -58,7 +59,7 @@ def decoder_config(hf, **fields) -> DecoderConfig:
             f"{', '.join(map(repr, ROPE_TYPES))}"
         )
     values = {
-        **DECODER_FIELDS.from_hf(hf),
+        **table.from_hf(hf),
         **dict(mlp_type="gated", position_embedding_type="rope", norm_type="rmsnorm", pre_norm=True),
         "rope_parameters": rope,
         "embedding_norm": False,
@@ -71,11 +72,11 @@ def decoder_config(hf, **fields) -> DecoderConfig:
     return DecoderConfig(**values, **label_fields(hf))
 
 
-def hf_decoder_fields(cfg: DecoderConfig) -> dict:
-    """The Llama-like HF config fields of a swapformer decoder config."""
+def hf_decoder_fields(cfg: DecoderConfig, table: Fields = DECODER_FIELDS) -> dict:
+    """The Llama-like HF config fields (named by `table`) of a swapformer decoder config."""
     rope = dict(cfg.rope_parameters)
     return {
-        **DECODER_FIELDS.to_hf(cfg),
+        **table.to_hf(cfg),
         "rope_parameters": rope,
         "attention_dropout": cfg.attention_dropout,
         **label_fields(cfg),

@@ -22,6 +22,7 @@ from .cache import static_key_slots
 from .hf_compat import init
 from .layers import Attention, RMSNorm
 from .linformer import LinformerProjections
+from .positions import RotaryEmbedding
 from .remote_code import write_remote_code
 
 logger = logging.get_logger(__name__)
@@ -113,6 +114,8 @@ class SwapformerPreTrainedModel(PreTrainedModel):
                 init.zeros_(module.weight[module.padding_idx])
         elif isinstance(module, LinformerProjections):
             module.reset_parameters()
+        elif isinstance(module, RotaryEmbedding):
+            module.reset_frequencies()  # non-persistent: loading leaves them torch.empty_like
         elif isinstance(module, Attention) and module.sinks is not None:
             init.normal_(module.sinks, mean=0.0, std=std)  # as gpt-oss initialises its sinks
         elif isinstance(module, (nn.LayerNorm, RMSNorm)):

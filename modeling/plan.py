@@ -25,7 +25,7 @@ from .hf_compat import ALL_ATTENTION_FUNCTIONS
 from .linformer import LinformerProjections
 from .masks import AttentionPattern, KernelMask, random_layouts
 from .packing import PackedSequences, check_cross_packing
-from .positions import Positions, new_columns, rope_cos_sin
+from .positions import Positions, new_columns
 from .sinks import sink_shift
 
 
@@ -40,7 +40,8 @@ class LayerPlan:
             `ALL_ATTENTION_FUNCTIONS` (eager's when none is registered under the name).
         mask: the pattern lowered for the backend (masks.py), and `kernel_kwargs` what its kernel takes
             beside it (flash-attention's varlen boundaries of packed rows).
-        rope: the (cos, sin) pair (B, T, D) queries and keys are rotated by, or None.
+        rope: the (cos, sin) pair (B, T, R) queries and keys are rotated by (the first R of D dims per
+            head; `stack.rotary_emb` made it), or None.
         cache: the cache the layers append their keys to (cross-attention: keep the encoder's in).
         linformer: the stack's Linformer projections (linformer.py) when `config.linformer_k` is set; the
             layers project their keys and values with them, and no mask is lowered (`mask` is None).
@@ -102,9 +103,8 @@ class ForwardPlan:
         """The plan of `stack` (a `StackMixin`) for inputs at `positions` with `cache`; masks and the
         RoPE pair in `dtype`, the dtype of the embedded inputs."""
         config = stack.config
-        rope = None
-        if config.position_embedding_type == "rope":
-            rope = rope_cos_sin(positions.query, config, dtype)
+        rotary = stack.rotary_emb
+        rope = rotary(positions.query, dtype) if rotary is not None else None
         patterns = {
             lt: self_attention_pattern(stack, lt, positions, cache, global_mask)
             for lt in dict.fromkeys(stack.layer_types)
@@ -130,7 +130,7 @@ class ForwardPlan:
                 rope,
                 cache,
                 linformer,
-                sink_shift(config, p, dtype),
+                sink_shift(config, p, dtype, rotary),
             )
             for lt, p in patterns.items()
         }

@@ -109,39 +109,102 @@ class Positions:
 # Rotary (RoPE) ---------------------------------------------------------------------------------------
 
 
-def rope_frequencies(config, positions: torch.Tensor) -> tuple[torch.Tensor, float | torch.Tensor]:
-    """(D/2,) inverse frequencies of `config.rope_parameters`, and the factor cos and sin are scaled by.
+def rotary_dim(config) -> int:
+    """R, the dims of each head that rotate: int(head_dim * partial_rotary_factor), as transformers
+    counts them (StableLM, Phi, GPT-NeoX rotate a part; the config checks that R is even and > 0)."""
+    return int(config.head_dim * config.rope_parameters.get("partial_rotary_factor", 1.0))
 
-    The scaled kinds come from transformers' own `ROPE_INIT_FUNCTIONS`, so they are Llama's, bit for bit.
-    "dynamic" (NTK) takes the longest position of this forward (integer positions (B, T)), as Llama's
-    rotary embedding does while a sequence grows; it keeps no state between calls, so a batch shorter
-    than an earlier one gets its own frequencies back (Llama keeps the longer ones until the length falls
-    under `max_position_embeddings`). Computed per forward: no buffer to lose when loading.
+
+class RotaryEmbedding(nn.Module):
+    """The RoPE frequencies of `config.rope_parameters` and the (cos, sin) pair of a forward's positions,
+    laid out as transformers' rotary embeddings (`LlamaRotaryEmbedding`): one module per stack
+    (`rotary_emb`), non-persistent buffers `inv_freq` (R/2,) and `original_inv_freq`, `attention_scaling`.
+    The scaled kinds come from transformers' `ROPE_INIT_FUNCTIONS`, so they are Llama's bit for bit.
+
+    Dynamic NTK follows transformers' `dynamic_rope_update`: the frequencies of the longest forward since
+    the last reset, which a forward under `max_position_embeddings` brings back to the original ones. The
+    longest length is a tensor buffer (`max_seq_len_cached`) so a compiled forward updates it in place.
     """
-    params = config.rope_parameters
-    rope_type = params.get("rope_type", "default")
-    if rope_type == "default":
-        d = config.head_dim
-        exponents = torch.arange(0, d, 2, device=positions.device, dtype=torch.float) / d
-        return 1.0 / (params["rope_theta"] ** exponents), 1.0
-    seq_len = positions.max() + 1 if rope_type == "dynamic" else None
-    return ROPE_INIT_FUNCTIONS[rope_type](config, positions.device, seq_len=seq_len)
 
+    def __init__(self, config):
+        super().__init__()
+        self.config = config
+        self.rope_type = config.rope_parameters.get("rope_type", "default")
+        self.original_max_seq_len = config.max_position_embeddings
+        inv_freq, self.attention_scaling = self.init_fn(config)
+        self.register_buffer("inv_freq", inv_freq, persistent=False)
+        self.register_buffer("original_inv_freq", inv_freq.clone(), persistent=False)
+        self.register_buffer("max_seq_len_cached", torch.tensor(self.original_max_seq_len), persistent=False)
 
-def rope_cos_sin(positions: torch.Tensor, config, dtype: torch.dtype):
-    """cos, sin of shape (B, T, D) for integer positions (B, T); the halves layout of Llama."""
-    inv_freq, scale = rope_frequencies(config, positions)
-    angles = positions[..., None].float() * inv_freq.float()  # (B, T, D/2)
-    angles = torch.cat((angles, angles), dim=-1)
-    return (angles.cos() * scale).to(dtype), (angles.sin() * scale).to(dtype)
+    @staticmethod
+    def compute_default_rope_parameters(config, device=None, seq_len=None) -> tuple[torch.Tensor, float]:
+        """Unscaled RoPE (transformers' models define it themselves, as here): theta^(-2i/R), i < R/2."""
+        dim = rotary_dim(config)
+        exponents = torch.arange(0, dim, 2, dtype=torch.float, device=device) / dim
+        return 1.0 / (config.rope_parameters["rope_theta"] ** exponents), 1.0
+
+    @property
+    def init_fn(self):
+        if self.rope_type == "default":
+            return self.compute_default_rope_parameters
+        return ROPE_INIT_FUNCTIONS[self.rope_type]
+
+    @torch.no_grad()
+    def reset_frequencies(self) -> None:
+        """Fill the buffers from the config: loading leaves non-persistent buffers uninitialised
+        (`_init_weights` calls this), and a cast to another dtype would round them (`_apply`)."""
+        device = self.inv_freq.device
+        self.inv_freq = self.init_fn(self.config, device)[0]
+        self.original_inv_freq = self.inv_freq.clone()
+        self.max_seq_len_cached = torch.tensor(self.original_max_seq_len, device=device)
+
+    def _apply(self, fn, recurse=True):
+        # `model.half()` / `.to(torch.bfloat16)` cast floating buffers: positions times rounded frequencies
+        # drift by whole turns on long inputs, so the frequencies are computed again in fp32 instead.
+        super()._apply(fn, recurse)
+        if self.inv_freq.dtype != torch.float32:
+            self.reset_frequencies()
+        return self
+
+    def forward(self, position_ids: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos, sin (B, T, R) in `dtype` for integer positions (B, T), Llama's halves layout. Takes the
+        dtype rather than Llama's `x`: the forward's plan is built from the embedded inputs' dtype."""
+        if self.rope_type == "dynamic":
+            self._dynamic_update(position_ids)
+        angles = self.angles(position_ids)
+        scale = self.attention_scaling
+        return (angles.cos() * scale).to(dtype), (angles.sin() * scale).to(dtype)
+
+    def angles(self, position_ids: torch.Tensor) -> torch.Tensor:
+        """The rotation angles (..., R) of integer positions (...), without `attention_scaling`."""
+        inv_freq = self.inv_freq.to(device=position_ids.device, dtype=torch.float)
+        angles = position_ids[..., None].float() * inv_freq
+        return torch.cat((angles, angles), dim=-1)
+
+    @torch.no_grad()
+    def _dynamic_update(self, position_ids: torch.Tensor) -> None:
+        """transformers' rule without its branches on tensors: grow to a longer forward, keep the longest for
+        a shorter one, back to max_position_embeddings (the original frequencies) for a forward under it."""
+        seq_len = position_ids.max() + 1
+        longest = torch.where(
+            seq_len < self.original_max_seq_len,
+            self.original_max_seq_len,
+            torch.maximum(self.max_seq_len_cached.to(seq_len.device), seq_len),
+        )
+        inv_freq, _ = self.init_fn(self.config, position_ids.device, seq_len=longest)
+        self.inv_freq.copy_(inv_freq)
+        self.max_seq_len_cached.copy_(longest)
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate (B, heads, T, D) by the angles of (B, T, D)."""
+    """Rotate (B, heads, T, D) by the angles of (B, T, R): the first R dims of each head in Llama's halves
+    layout, the other D - R unchanged (partial rotary, StableLM's layout)."""
     cos, sin = cos[:, None], sin[:, None]
-    half = x.shape[-1] // 2
-    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-    return x * cos + rotated * sin
+    r = cos.shape[-1]
+    part = x[..., :r]
+    rotated = torch.cat((-part[..., r // 2 :], part[..., : r // 2]), dim=-1)
+    out = part * cos + rotated * sin
+    return out if r == x.shape[-1] else torch.cat((out, x[..., r:]), dim=-1)
 
 
 # Absolute (sinusoidal) -------------------------------------------------------------------------------

@@ -33,7 +33,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .positions import apply_rope, rope_frequencies
+from .positions import apply_rope
 from .sparse_layout import BlockLayout, dead_rows
 
 # Backends that compute the definition themselves (attention_probabilities reads module.sinks).
@@ -118,17 +118,16 @@ def sink_probabilities(scores: torch.Tensor, sinks: torch.Tensor) -> torch.Tenso
 # Streaming sinks: StreamingLLM's positions within the cache (config.streaming_positions="cache") ------
 
 
-def sink_shift(config, pattern, dtype):
+def sink_shift(config, pattern, dtype, rotary):
     """The rotation that moves the kept leading (sink) keys of a window + global cache from their own
     positions 0..k-1 to just before the first window key the cache holds (`pattern.key_offset`): by
-    key_offset - key_prefix positions, (cos, sin) of shape (1, 1, D). None when nothing was dropped
-    after them (the keys are then contiguous and keep their positions)."""
+    key_offset - key_prefix positions, (cos, sin) of shape (1, 1, R) from the stack's `rotary`
+    (positions.py). None when nothing was dropped after them (the keys are then contiguous and keep their
+    positions)."""
     if config.streaming_positions != "cache" or pattern.kind != "sliding_global" or not pattern.key_prefix:
         return None
     shift = torch.tensor([[pattern.key_offset - pattern.key_prefix]], device=pattern.device)
-    inv_freq, _ = rope_frequencies(config, shift)  # a pure rotation: yarn's attention factor is in the keys
-    angles = shift[..., None].float() * inv_freq.float()
-    angles = torch.cat((angles, angles), dim=-1)
+    angles = rotary.angles(shift)  # a pure rotation: yarn's attention factor is in the keys
     return angles.cos().to(dtype), angles.sin().to(dtype)
 
 

@@ -23,7 +23,13 @@ from .layers import Block, make_norm
 from .linformer import LinformerProjections
 from .packing import PackedSequences
 from .plan import ForwardPlan
-from .positions import Positions, alibi_bias, relative_position_bucket, sinusoidal_embedding
+from .positions import (
+    Positions,
+    RotaryEmbedding,
+    alibi_bias,
+    relative_position_bucket,
+    sinusoidal_embedding,
+)
 
 logger = logging.get_logger(__name__)
 
@@ -73,6 +79,9 @@ class StackMixin:
             ]
         )
         self.norm = make_norm(config) if config.pre_norm else None
+        # the RoPE frequencies, where transformers' models keep them; the plan asks it for (cos, sin) once
+        # per forward
+        self.rotary_emb = RotaryEmbedding(config) if config.position_embedding_type == "rope" else None
         # Linformer's E and F (the config allows linformer_k on bidirectional stacks only)
         self.linformer = (
             LinformerProjections(config, num_layers)

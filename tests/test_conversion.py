@@ -47,6 +47,11 @@ def mistral_config(**kw):
     return T.MistralConfig(**SMALL, num_key_value_heads=2, max_position_embeddings=64, **kw)
 
 
+def stablelm_config(**kw):
+    # head_dim 8: StableLM's default partial_rotary_factor 0.25 rotates 2 dims of each head
+    return T.StableLmConfig(**{**SMALL, "num_key_value_heads": 4, **kw}, max_position_embeddings=64)
+
+
 def t5_config(**kw):
     return T.T5Config(
         vocab_size=V, d_model=32, d_kv=8, d_ff=48, num_layers=2, num_decoder_layers=3, num_heads=4,
@@ -98,6 +103,9 @@ CASES = [
     ("llama-cls", T.LlamaForSequenceClassification, lambda: llama_config(num_key_value_heads=4, num_labels=2, pad_token_id=0), "DecoderForSequenceClassification", {"hidden states", "logits"}),
     ("mistral-window", T.MistralForCausalLM, lambda: mistral_config(sliding_window=5, pad_token_id=0), "DecoderForCausalLM", {"hidden states", "logits"}),
     ("mistral-full", T.MistralModel, lambda: mistral_config(sliding_window=None), "DecoderModel", {"hidden states"}),
+    ("stablelm", T.StableLmForCausalLM, stablelm_config, "DecoderForCausalLM", {"hidden states", "logits"}),
+    ("stablelm-half-gqa", T.StableLmModel, lambda: stablelm_config(partial_rotary_factor=0.5, num_key_value_heads=2), "DecoderModel", {"hidden states"}),
+    ("stablelm-cls", T.StableLmForSequenceClassification, lambda: stablelm_config(num_labels=2, pad_token_id=0), "DecoderForSequenceClassification", {"hidden states", "logits"}),
     ("t5-v1.0", T.T5ForConditionalGeneration, lambda: t5_config(feed_forward_proj="relu"), "Seq2SeqForConditionalGeneration", {"encoder hidden states", "decoder hidden states", "logits"}),
     ("t5-v1.1", T.T5ForConditionalGeneration, lambda: t5_config(feed_forward_proj="gated-gelu", tie_word_embeddings=False), "Seq2SeqForConditionalGeneration", {"encoder hidden states", "decoder hidden states", "logits"}),
     ("t5-base", T.T5Model, lambda: t5_config(feed_forward_proj="gated-gelu"), "Seq2SeqModel", {"encoder hidden states", "decoder hidden states"}),
@@ -370,7 +378,7 @@ def test_unsupported_model_type_lists_the_supported_ones(tmp_path):
     refused(
         src,
         tmp_path / "out",
-        "model_type='opt'; supported: bart, bert, big_bird, deepseek_v3, gpt2, llama, longformer, mistral, roberta, t5",
+        "model_type='opt'; supported: bart, bert, big_bird, deepseek_v3, gpt2, llama, longformer, mistral, roberta, stablelm, t5",
     )
 
 

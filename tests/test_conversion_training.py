@@ -22,6 +22,7 @@ from test_conversion import (
     longformer_config,
     mistral_config,
     roberta_config,
+    stablelm_config,
     t5_config,
 )
 
@@ -54,6 +55,7 @@ CASES = [
     ("gpt2-embd-dropout-differs", T.GPT2LMHeadModel, lambda: gpt2_config(resid_pdrop=P, embd_pdrop=0.3, attn_pdrop=0.2), swapformer.DecoderForCausalLM, "tokens"),
     ("llama", T.LlamaForCausalLM, lambda: llama_config(num_key_value_heads=2, attention_dropout=P), swapformer.DecoderForCausalLM, "tokens"),
     ("mistral", T.MistralForCausalLM, lambda: mistral_config(sliding_window=5, attention_dropout=P), swapformer.DecoderForCausalLM, "tokens"),
+    ("stablelm", T.StableLmForCausalLM, lambda: stablelm_config(num_key_value_heads=2, attention_dropout=P), swapformer.DecoderForCausalLM, "tokens"),
     ("t5-v1.0", T.T5ForConditionalGeneration, lambda: t5_config(feed_forward_proj="relu", **T5_DROPOUT), swapformer.Seq2SeqForConditionalGeneration, "seq2seq"),
     ("t5-v1.1", T.T5ForConditionalGeneration, lambda: t5_config(feed_forward_proj="gated-gelu", tie_word_embeddings=False, **T5_DROPOUT), swapformer.Seq2SeqForConditionalGeneration, "seq2seq"),
     ("bart", T.BartForConditionalGeneration, lambda: bart_config(**BART_DROPOUT), swapformer.Seq2SeqForConditionalGeneration, "seq2seq"),

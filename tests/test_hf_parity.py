@@ -1,4 +1,4 @@
-"""The math is the real thing: swapformer configured like BERT, Llama and BART matches
+"""The math is the real thing: swapformer configured like BERT, Llama, StableLM and BART matches
 transformers' own models with the weights copied across (fp32, padding, eager and sdpa)."""
 
 from __future__ import annotations
@@ -14,6 +14,8 @@ from transformers import (
     LlamaConfig,
     LlamaForCausalLM,
     LlamaModel,
+    StableLmConfig,
+    StableLmForCausalLM,
 )
 
 import swapformer
@@ -98,15 +100,56 @@ def test_bert_matches_bertmodel(attn, report):
 @pytest.mark.parametrize("attn", BACKENDS)
 def test_llama_matches_llamaforcausallm(attn, padding, report):
     hf, ours = pair(llama(attn, LlamaForCausalLM), swapformer.DecoderForCausalLM, attn)
+    diff = causal_lm_diff(hf, ours, padding)
+    report(f"Llama logits max abs diff ({padding} padding)", diff)
+    assert diff <= TOL
+
+
+def causal_lm_diff(hf, ours, padding: str) -> float:
+    """max |logits| difference over the real tokens of a padded batch. Llama and StableLM count positions
+    from 0 at the first column, swapformer counts real tokens: the transformers model gets the pad-aware
+    positions, so a left-padded row means the same thing to both."""
     ids, mask = padded_batch(padding=padding)
-    # Llama counts positions from 0 at the first column; swapformer counts real tokens. Give
-    # Llama the pad-aware positions so a left-padded row means the same thing to both.
     positions = (mask.cumsum(-1) - 1).clamp(min=0)
     with torch.no_grad():
         want = hf(ids, attention_mask=mask, position_ids=positions).logits
         got = ours(ids, attention_mask=mask).logits
-    diff = max_diff(got, want, mask)
-    report(f"Llama logits max abs diff ({padding} padding)", diff)
+    return max_diff(got, want, mask)
+
+
+ROPE = {
+    "default": {"rope_type": "default", "rope_theta": 10000.0},
+    "yarn": {
+        "rope_type": "yarn",
+        "rope_theta": 10000.0,
+        "factor": 4.0,
+        "original_max_position_embeddings": 4,
+    },
+}
+
+
+@pytest.mark.parametrize("rope", list(ROPE))
+@pytest.mark.parametrize("factor", [0.25, 0.5])
+@pytest.mark.parametrize("padding", ["right", "left"])
+@pytest.mark.parametrize("attn", BACKENDS)
+def test_stablelm_partial_rotary_matches_stablelmforcausallm(attn, padding, factor, rope, report):
+    """StableLM rotates the first int(head_dim * partial_rotary_factor) dims of each head (here 4 or 8 of
+    16); its LayerNorms have biases. Past original_max_position_embeddings, so YaRN acts too."""
+    config = StableLmConfig(
+        vocab_size=97,
+        hidden_size=64,
+        intermediate_size=96,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=16,
+        rope_parameters={**ROPE[rope], "partial_rotary_factor": factor},
+        attn_implementation=attn,
+    )
+    hf, ours = pair(StableLmForCausalLM(config), swapformer.DecoderForCausalLM, attn)
+    assert ours.config.rope_parameters["partial_rotary_factor"] == factor
+    diff = causal_lm_diff(hf, ours, padding)
+    report(f"StableLM logits max abs diff ({factor}, {rope}, {padding} padding)", diff)
     assert diff <= TOL
 
 

@@ -93,6 +93,31 @@ def test_cached_generation_matches_llama(scaling, tmp_path):
     assert max(max_diff(a, b) for a, b in zip(want.logits, got.logits)) <= 1e-4
 
 
+def test_dynamic_frequencies_carry_over_between_forwards_as_llamas(tmp_path, report):
+    """Llama keeps the frequencies of its longest forward while later ones stay past
+    max_position_embeddings, and goes back to the original ones under it; so does swapformer (frequencies
+    computed from each forward alone give other logits for the shorter forward, checked below)."""
+    llama, ours = converted_pair("dynamic", tmp_path)
+
+    def alone(ids):  # a Llama that ran nothing before
+        fresh = T.LlamaForCausalLM(llama_config(SCALINGS["dynamic"])).eval()
+        fresh.load_state_dict(llama.state_dict())
+        return fresh(ids).logits
+
+    g = torch.Generator().manual_seed(3)
+    history = []  # (length, swapformer's and a fresh Llama's distance to the Llama that ran the earlier ones)
+    with torch.no_grad():
+        for length in (LENGTH, MAX_POSITIONS + 8, MAX_POSITIONS - 8, MAX_POSITIONS + 4):
+            ids = torch.randint(0, 97, (2, length), generator=g)
+            want = llama(ids).logits
+            history.append((length, max_diff(ours(ids).logits, want), max_diff(alone(ids), want)))
+    for length, diff, _ in history:
+        report(f"dynamic, {length} tokens after the earlier forwards: converted vs Llama logits", diff)
+        assert diff <= 1e-4
+    _, diff, alone = history[1]  # 72 tokens after 80: Llama keeps the frequencies of 80
+    assert alone > 100 * max(diff, 1e-6)
+
+
 def converted_pair(scaling: str, tmp_path):
     """A random Llama with `scaling` and its conversion, loaded again from disk."""
     torch.manual_seed(0)
@@ -149,11 +174,6 @@ class TestRopeConfig:
                 {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 4.0, "high_freq_factor": 1.0},
                 ValueError,
                 "high_freq_factor=1.0 must exceed low_freq_factor=4.0",
-            ),
-            (
-                {"rope_type": "linear", "factor": 2.0, "partial_rotary_factor": 0.5},
-                ValueError,
-                "rotates the whole head",
             ),
             ({"rope_type": "longrope", "factor": 2.0}, ValueError, "Unknown rope_parameters"),
             ("linear", TypeError, "rope_parameters must be a dict"),
