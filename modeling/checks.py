@@ -91,12 +91,14 @@ def _check_attention_mask(
                 "pass one, or use a static cache with full-attention layers only"
             )
         return max(spans)
-    keys = " or ".join(map(str, sorted(spans))) or "every cache slot"
-    cached = f" ({past} cached + {length} new)" if isinstance(past, int) and past else ""
     if attention_mask.dim() == 4:
-        _check_custom_mask(attention_mask, batch, length, spans, prefix, f"{keys}){cached}")
+        _check_custom_mask(attention_mask, batch, length, spans, prefix, lambda: _keys(spans, past, length))
         return attention_mask.shape[-1]
     if attention_mask.dim() != 2 or attention_mask.shape[0] != batch or attention_mask.shape[1] not in spans:
+        # the words are built here only: under torch.compile `past` may be symbolic, and dynamo cannot
+        # format a symbolic int into a string
+        keys = " or ".join(map(str, sorted(spans))) or "every cache slot"
+        cached = f" ({past} cached + {length} new)" if isinstance(past, int) and past else ""
         raise ValueError(
             f"{prefix}attention_mask has shape {tuple(attention_mask.shape)} but the inputs need (batch={batch}, "
             f"length={keys}){cached}: one entry per token, 1 for tokens and 0 for padding (or a 4D mask "
@@ -105,12 +107,17 @@ def _check_attention_mask(
     return attention_mask.shape[1]
 
 
-def _check_custom_mask(
-    mask: torch.Tensor, batch: int, length: int, spans: set, prefix: str, keys: str
-) -> None:
+def _keys(spans: set, past, length: int) -> str:
+    """The key lengths a mask may have, in words (e.g. "12) (8 cached + 4 new")."""
+    keys = " or ".join(map(str, sorted(spans))) or "every cache slot"
+    cached = f" ({past} cached + {length} new)" if isinstance(past, int) and past else ""
+    return f"{keys}){cached}"
+
+
+def _check_custom_mask(mask: torch.Tensor, batch: int, length: int, spans: set, prefix: str, keys) -> None:
     """A 4D mask (B or 1, 1, T, past + T): bool, True where a query may attend a key, or float, 0 there and
     at most `MASKED_AT_MOST` elsewhere (transformers' masks hold the dtype's minimum). Its values are
-    checked in eager mode only (see the module docstring). `keys` says the key lengths that fit."""
+    checked in eager mode only (see the module docstring). `keys()` says the key lengths that fit."""
     name = f"{prefix}attention_mask"
     if mask.dtype != torch.bool and not mask.dtype.is_floating_point:
         raise TypeError(
@@ -121,7 +128,7 @@ def _check_custom_mask(
     if b not in (1, batch) or heads != 1 or t != length or s not in spans:
         raise ValueError(
             f"4D {name} has shape {tuple(mask.shape)} but the inputs need (batch={batch} or 1, 1, query={length}, "
-            f"key={keys}: the second dimension is 1, one mask for every head (per-head masks are not supported)"
+            f"key={keys()}: the second dimension is 1, one mask for every head (per-head masks are not supported)"
         )
     if mask.dtype != torch.bool and not torch.compiler.is_compiling():
         _check_float_mask_values(mask, name)
