@@ -15,7 +15,6 @@ from dataclasses import dataclass
 
 import torch
 from torch import nn
-from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
 from .checks import refuse_packing_with_custom_mask
 from .masks import custom_allowed
@@ -147,7 +146,10 @@ class RotaryEmbedding(nn.Module):
     def init_fn(self):
         if self.rope_type == "default":
             return self.compute_default_rope_parameters
-        return ROPE_INIT_FUNCTIONS[self.rope_type]
+        # imported here: hf_compat imports the attention functions, which import this module
+        from .hf_compat import rope_init_functions
+
+        return rope_init_functions()[self.rope_type]
 
     @torch.no_grad()
     def reset_frequencies(self) -> None:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import torch
 from torch import nn
-from transformers.cache_utils import Cache
+from transformers import Cache
 from transformers.utils import logging
 
 from .cache import CacheView
