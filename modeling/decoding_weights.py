@@ -11,7 +11,7 @@ from torch import nn
 from transformers.generation import GenerationMixin
 from transformers.utils import logging
 
-from .linear import Linear, cpu_linear_route
+from .linear import cpu_linear_route
 
 logger = logging.get_logger(__name__)
 
@@ -85,7 +85,7 @@ class DecodingWeights:
         return [
             m
             for m in modules
-            if type(m) in (nn.Linear, Linear)
+            if type(m) is nn.Linear
             and id(m) not in skip
             and not hasattr(m, "_hf_hook")
             and m.out_features >= m.in_features

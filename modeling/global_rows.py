@@ -11,6 +11,7 @@ import torch
 from torch import nn
 
 from .attention import attention_probabilities, repeat_kv
+from .linear import project
 from .masks import AttentionPattern
 from .positions import apply_rope
 
@@ -37,9 +38,10 @@ def global_rows(attn: nn.Module, hidden_states, out, weights, pattern: Attention
     present = torch.gather(flags, 1, rows)  # (B, R) False where a row has fewer global tokens
     r = rows.shape[1]
     picked = torch.gather(hidden_states, 1, rows[..., None].expand(b, r, e))
-    q = attn.q_global_proj(picked).view(b, r, -1, attn.head_dim).transpose(1, 2)  # (B, H, R, D)
-    k = attn.k_global_proj(hidden_states).view(b, t, -1, attn.head_dim).transpose(1, 2)  # (B, K, S, D)
-    v = attn.v_global_proj(hidden_states).view(b, t, -1, attn.head_dim).transpose(1, 2)
+    q = project(attn.q_global_proj, picked).view(b, r, -1, attn.head_dim).transpose(1, 2)  # (B, H, R, D)
+    # k, v: (B, K, S, D)
+    k = project(attn.k_global_proj, hidden_states).view(b, t, -1, attn.head_dim).transpose(1, 2)
+    v = project(attn.v_global_proj, hidden_states).view(b, t, -1, attn.head_dim).transpose(1, 2)
     if rope is not None:
         cos, sin = rope
         pick = lambda x: torch.gather(x, 1, rows[..., None].expand(b, r, x.shape[-1]))  # noqa: E731

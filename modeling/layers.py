@@ -22,12 +22,13 @@ from ..configuration.configuration_swapformer import GLOBAL_KINDS
 from .attention import run_planned
 from .global_rows import global_rows
 from .hf_compat import ACT2FN
-from .linear import Linear, onednn_applies
+from .linear import cpu_linear_route, onednn_applies, plain_linear, project
 from .mla import LatentAttention
 from .plan import LayerPlan
 from .positions import apply_rope
 from .sinks import NATIVE as NATIVE_SINKS
 from .sinks import attend_with_sinks, shift_sinks
+from .torch_compat import module_hooked
 
 # Norms ---------------------------------------------------------------------------------------------
 
@@ -72,8 +73,8 @@ _IN_PLACE = {
 # buffers allocated once per call and reused by every chunk: fresh chunk-sized outputs fault too
 # whenever glibc has trimmed its heap (a gated BERT-base MLP at 4096 tokens: 36,737 faults per call
 # against 5,124, 9% slower; benchmarks/mlp_chunks.py). On the oneDNN route (linear.py), whose op takes
-# no output buffer, each chunk calls the modules. A model with forward hooks on its projections runs
-# the MLP in one plain pass, so hooks see one call with the whole output.
+# no output buffer, each chunk calls the projections through `project`. A model with forward hooks on
+# its projections runs the MLP in one plain pass, so hooks see one call with the whole output.
 MLP_CHUNK_BYTES = 16 * 2**20
 
 
@@ -84,9 +85,9 @@ class MLP(nn.Module):
     def __init__(self, config):
         super().__init__()
         e, f, bias = config.hidden_size, config.intermediate_size, config.mlp_bias
-        self.gate_proj = Linear(e, f, bias=bias) if config.mlp_type == "gated" else None
-        self.up_proj = Linear(e, f, bias=bias)
-        self.down_proj = Linear(f, e, bias=bias)
+        self.gate_proj = nn.Linear(e, f, bias=bias) if config.mlp_type == "gated" else None
+        self.up_proj = nn.Linear(e, f, bias=bias)
+        self.down_proj = nn.Linear(f, e, bias=bias)
         self.act_fn = ACT2FN[config.hidden_act]
         self.act_in_place = _IN_PLACE.get(config.hidden_act)
         self.dropout = nn.Dropout(config.activation_dropout)
@@ -128,32 +129,29 @@ class MLP(nn.Module):
             _linear_into(self.down_proj, self.dropout(h), out[i : i + step])
         return out.view(*x.shape[:-1], out.shape[-1])
 
+    def _projections(self) -> list[nn.Module]:
+        return [p for p in (self.gate_proj, self.up_proj, self.down_proj) if p is not None]
+
     def _plain(self, x: torch.Tensor) -> bool:
-        """Whether every projection is a plain `nn.Linear` (or swapformer's `Linear`) with plain weights
-        of x's dtype, so its output can be written into a given buffer (not a PEFT wrapper, a quantized
-        weight, autocast)."""
-        projections = [p for p in (self.gate_proj, self.up_proj, self.down_proj) if p is not None]
+        """Whether every projection is a plain `nn.Linear` (linear.plain_linear) with plain weights of
+        x's dtype, so its output can be written into a given buffer (not a PEFT wrapper, a quantized
+        weight, an offloaded one, autocast)."""
         return not torch.is_autocast_enabled(x.device.type) and all(
-            type(p) in (nn.Linear, Linear)
-            and all(type(t) is nn.Parameter and t.dtype == x.dtype for t in p.parameters())
-            for p in projections
+            plain_linear(p) and all(type(t) is nn.Parameter and t.dtype == x.dtype for t in p.parameters())
+            for p in self._projections()
         )
 
     def _hooked(self) -> bool:
         """Whether a forward hook watches a projection (it might keep an output the in-place activation
         would overwrite, and expects one call per forward): then the MLP runs as one plain pass."""
-        hooks = nn.modules.module._global_forward_hooks or nn.modules.module._global_forward_pre_hooks
-        projections = (self.gate_proj, self.up_proj, self.down_proj)
-        return bool(hooks) or any(
-            p is not None and (p._forward_hooks or p._forward_pre_hooks) for p in projections
-        )
+        return any(module_hooked(p) for p in self._projections())
 
     def _forward(self, x: torch.Tensor, act) -> torch.Tensor:
         if self.gate_proj is None:
-            h = act(self.up_proj(x))
+            h = act(project(self.up_proj, x))
         else:
-            h = act(self.gate_proj(x)) * self.up_proj(x)
-        return self.down_proj(self.dropout(h))
+            h = act(project(self.gate_proj, x)) * project(self.up_proj, x)
+        return project(self.down_proj, self.dropout(h))
 
 
 def _linear_into(linear: nn.Linear, x: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
@@ -194,10 +192,10 @@ class Attention(nn.Module):
         self.scaling = config.effective_attention_scale
         self.attention_dropout = config.attention_dropout
         e, d, bias = config.hidden_size, config.head_dim, config.attention_bias
-        self.q_proj = Linear(e, self.num_heads * d, bias=bias)
-        self.k_proj = Linear(e, self.num_key_value_heads * d, bias=bias)
-        self.v_proj = Linear(e, self.num_key_value_heads * d, bias=bias)
-        self.o_proj = Linear(self.num_heads * d, e, bias=bias)
+        self.q_proj = nn.Linear(e, self.num_heads * d, bias=bias)
+        self.k_proj = nn.Linear(e, self.num_key_value_heads * d, bias=bias)
+        self.v_proj = nn.Linear(e, self.num_key_value_heads * d, bias=bias)
+        self.o_proj = nn.Linear(self.num_heads * d, e, bias=bias)
         # Longformer's query_global/key_global/value_global: the global tokens' own projections
         # (config.global_projections; bidirectional layers with global tokens only, checked by the config)
         self.global_projections = (
@@ -213,15 +211,15 @@ class Attention(nn.Module):
             else None
         )
         if self.global_projections:
-            self.q_global_proj = Linear(e, self.num_heads * d, bias=bias)
-            self.k_global_proj = Linear(e, self.num_key_value_heads * d, bias=bias)
-            self.v_global_proj = Linear(e, self.num_key_value_heads * d, bias=bias)
+            self.q_global_proj = nn.Linear(e, self.num_heads * d, bias=bias)
+            self.k_global_proj = nn.Linear(e, self.num_key_value_heads * d, bias=bias)
+            self.v_global_proj = nn.Linear(e, self.num_key_value_heads * d, bias=bias)
 
     def _project_kv(self, x: torch.Tensor):
         b, s, _ = x.shape
         # -1 heads: under tensor parallelism (config.base_model_tp_plan) each rank holds a share of them
-        k = self.k_proj(x).view(b, s, -1, self.head_dim).transpose(1, 2)  # (B, K, S, D)
-        v = self.v_proj(x).view(b, s, -1, self.head_dim).transpose(1, 2)
+        k = project(self.k_proj, x).view(b, s, -1, self.head_dim).transpose(1, 2)  # (B, K, S, D)
+        v = project(self.v_proj, x).view(b, s, -1, self.head_dim).transpose(1, 2)
         return k, v
 
     def forward(
@@ -241,7 +239,7 @@ class Attention(nn.Module):
             key_value_states: (B, S, E) encoder output, for cross-attention.
         """
         b, t, _ = hidden_states.shape
-        q = self.q_proj(hidden_states).view(b, t, -1, self.head_dim).transpose(1, 2)  # (B, H, T, D)
+        q = project(self.q_proj, hidden_states).view(b, t, -1, self.head_dim).transpose(1, 2)  # (B, H, T, D)
         if self.is_cross_attention:
             k, v = plan.cache.cross_keys_values(self.layer_idx, lambda: self._project_kv(key_value_states))
         else:
@@ -262,7 +260,7 @@ class Attention(nn.Module):
         )
         if self.global_projections and plan.pattern.global_queries is not None:
             out, weights = global_rows(self, hidden_states, out, weights, plan.pattern, plan.rope)
-        out = self.o_proj(out.reshape(b, t, -1))  # (B, T, E)
+        out = project(self.o_proj, out.reshape(b, t, -1))  # (B, T, E)
         return out, (weights if output_attentions else None)
 
 
@@ -282,6 +280,7 @@ class Block(GradientCheckpointingLayer):
         layer_type: str = "full_attention",
     ):
         super().__init__()
+        cpu_linear_route()  # a wrong SWAPFORMER_CPU_LINEAR fails when the model is built
         self.pre_norm = config.pre_norm
         self.layer_type = layer_type
         # multi-head latent attention (mla.py) when a decoder config sets kv_lora_rank

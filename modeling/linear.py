@@ -1,15 +1,24 @@
-"""`Linear`: the `nn.Linear` of every swapformer model, whose fp32 CPU inference can run on oneDNN.
+"""The CPU linear route: fp32 CPU inference of swapformer's projections on oneDNN, behind one seam.
+
+Every projection and head of a swapformer model is a plain `nn.Linear`, so libraries that check module
+types (PEFT's GLoRA, quantizers, pruning and export tools test `type(m) is nn.Linear`) see what they see
+on Llama (issue 26). The speed route lives here, outside the module classes: the layers call each
+projection as `project(module, x)`, which runs torch's oneDNN linear op where the route applies and
+is `module(x)` everywhere else, so a PEFT-wrapped, quantized or hooked layer runs its own forward.
 
 torch computes an fp32 `nn.Linear` on CPU with MKL's sgemm. MKL chooses its code by CPU vendor and
 runs its AVX2 code on AMD processors even where AVX-512 is there; oneDNN, which ships inside torch
 (torch.compile's CPU inference path uses it for linear layers), runs AVX-512 code on them. Measured
 on an AMD EPYC (Zen 5, 2 cores): a 4096 x 768 x 3072 product at 352 GFLOP/s against MKL's 187, one
 row times a 768 x 30522 matrix (a decoding step's LM head) in 0.27x MKL's time
-(benchmarks/cpu_linear.py). So where the oneDNN route applies, `Linear.forward` calls torch's
-oneDNN linear op (`torch.ops.mkldnn._linear_pointwise`) on the Parameters as they are (nothing is
-copied or cached: a changed weight is read as it is); everywhere else it is `nn.Linear.forward`.
+(benchmarks/cpu_linear.py). So where the oneDNN route applies, `project` calls torch's oneDNN linear
+op (`torch.ops.mkldnn._linear_pointwise`, through torch_compat.py) on the Parameters as they are
+(nothing is copied or cached: a changed weight is read as it is).
 
 The route applies to a call when all hold:
+- the module is exactly `nn.Linear`, with no forward hook or pre-hook (its own or one registered for
+  every module: a hook must still fire) and its `forward` not replaced on the instance (Accelerate's
+  offloading hooks do that); a subclass, a PEFT layer or a quantized layer is called as a module;
 - the route is on: `cpu_linear(route)` (a context manager) or else the environment variable
   SWAPFORMER_CPU_LINEAR says "onednn", or they say "auto" (the default) and torch reports AVX-512 for
   this CPU (`torch.backends.cpu.get_cpu_capability()`); "torch" turns it off. No AVX2-only CPU was
@@ -40,6 +49,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .torch_compat import available, functorch_active, mkldnn_enabled, module_hooked, onednn_linear
+
 ROUTES = ("auto", "onednn", "torch")
 ENV = "SWAPFORMER_CPU_LINEAR"
 
@@ -61,8 +72,18 @@ def _check_route(route, where: str) -> str:
     return route
 
 
+# the private torch names the route reads (torch_compat.py); a torch release without one keeps torch's route
+_ROUTE_TOUCH_POINTS = (
+    "onednn_linear",
+    "functorch_active",
+    "mkldnn_enabled",
+    "global_forward_hooks",
+    "global_forward_pre_hooks",
+)
+
+
 def _onednn_available() -> bool:
-    return torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
+    return torch.backends.mkldnn.is_available() and all(map(available, _ROUTE_TOUCH_POINTS))
 
 
 def cpu_linear_route() -> str:
@@ -126,8 +147,8 @@ def onednn_applies(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | N
         torch.is_autocast_enabled("cpu")
         or torch.compiler.is_compiling()
         or torch.jit.is_tracing()
-        or torch._C._are_functorch_transforms_active()
-        or not torch._C._get_mkldnn_enabled()
+        or functorch_active()
+        or not mkldnn_enabled()
     ):
         return False
     return cpu_linear_route() == "onednn"
@@ -136,17 +157,19 @@ def onednn_applies(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | N
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """`F.linear`, on oneDNN where the route applies."""
     if onednn_applies(x, weight, bias):
-        return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
+        return onednn_linear(x, weight, bias)
     return F.linear(x, weight, bias)
 
 
-class Linear(nn.Linear):
-    """`nn.Linear` (same parameters, state dict, hooks, PEFT and quantization handling) whose forward
-    runs on oneDNN where the route applies (module docstring)."""
+def plain_linear(module: nn.Module) -> bool:
+    """Whether `module(x)` is `F.linear(x, module.weight, module.bias)` and nothing else: exactly
+    `nn.Linear`, no forward hook or pre-hook to fire, `forward` not replaced on the instance."""
+    return type(module) is nn.Linear and "forward" not in module.__dict__ and not module_hooked(module)
 
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        cpu_linear_route()  # a wrong SWAPFORMER_CPU_LINEAR fails when the model is built
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return linear(x, self.weight, self.bias)
+def project(module: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """`module(x)`, on oneDNN where the route applies (module docstring): the one seam through which
+    swapformer's layers call their projections and heads."""
+    if plain_linear(module) and onednn_applies(x, module.weight, module.bias):
+        return onednn_linear(x, module.weight, module.bias)
+    return module(x)

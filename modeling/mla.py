@@ -24,7 +24,7 @@ import torch
 from torch import nn
 
 from .attention import run_planned
-from .linear import Linear
+from .linear import project
 from .plan import LayerPlan
 from .positions import apply_rope
 
@@ -68,34 +68,34 @@ class LatentAttention(nn.Module):
         self.attention_dropout = config.attention_dropout
         bias = config.attention_bias
         if config.q_lora_rank is None:
-            self.q_proj = Linear(e, h * self.head_dim, bias=False)
+            self.q_proj = nn.Linear(e, h * self.head_dim, bias=False)
         else:
-            self.q_a_proj = Linear(e, config.q_lora_rank, bias=bias)
+            self.q_a_proj = nn.Linear(e, config.q_lora_rank, bias=bias)
             self.q_a_layernorm = RMSNorm(config.q_lora_rank, LATENT_NORM_EPS)
-            self.q_b_proj = Linear(config.q_lora_rank, h * self.head_dim, bias=False)
-        self.kv_a_proj_with_mqa = Linear(e, self.rank + self.rope_dim, bias=bias)
+            self.q_b_proj = nn.Linear(config.q_lora_rank, h * self.head_dim, bias=False)
+        self.kv_a_proj_with_mqa = nn.Linear(e, self.rank + self.rope_dim, bias=bias)
         self.kv_a_layernorm = RMSNorm(self.rank, LATENT_NORM_EPS)
-        self.kv_b_proj = Linear(self.rank, h * (self.nope + self.v_dim), bias=False)
-        self.o_proj = Linear(h * self.v_dim, e, bias=bias)
+        self.kv_b_proj = nn.Linear(self.rank, h * (self.nope + self.v_dim), bias=False)
+        self.o_proj = nn.Linear(h * self.v_dim, e, bias=bias)
 
     def _query(self, x: torch.Tensor) -> torch.Tensor:
         if self.config.q_lora_rank is None:
-            q = self.q_proj(x)
+            q = project(self.q_proj, x)
         else:
-            q = self.q_b_proj(self.q_a_layernorm(self.q_a_proj(x)))
+            q = project(self.q_b_proj, self.q_a_layernorm(project(self.q_a_proj, x)))
         b, t, _ = x.shape
         return q.view(b, t, -1, self.head_dim).transpose(1, 2)  # (B, H, T, N + P)
 
     def latents(self, x: torch.Tensor, rope) -> tuple[torch.Tensor, torch.Tensor]:
         """The cached form of tokens `x` (B, T, E): latents (B, 1, T, R) and rotated RoPE keys (B, 1, T, P)."""
-        latent, k_rope = self.kv_a_proj_with_mqa(x).split([self.rank, self.rope_dim], dim=-1)
+        latent, k_rope = project(self.kv_a_proj_with_mqa, x).split([self.rank, self.rope_dim], dim=-1)
         latent = self.kv_a_layernorm(latent)[:, None]
         return latent, rotate(k_rope[:, None], *rope, self.config.rope_interleave)
 
     def decompress(self, latent: torch.Tensor, k_rope: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Per-head keys (B, H, S, N + P) and values (B, H, S, V) of cached latents (B, 1, S, R), (B, 1, S, P)."""
         b, _, s, _ = latent.shape
-        kv = self.kv_b_proj(latent[:, 0]).view(b, s, -1, self.nope + self.v_dim).transpose(1, 2)
+        kv = project(self.kv_b_proj, latent[:, 0]).view(b, s, -1, self.nope + self.v_dim).transpose(1, 2)
         k_nope, v = kv.split([self.nope, self.v_dim], dim=-1)
         k = torch.cat((k_nope, k_rope.expand(-1, k_nope.shape[1], -1, -1)), dim=-1)
         return k, v
@@ -153,5 +153,5 @@ class LatentAttention(nn.Module):
         else:
             k, v = self.decompress(latent, k_rope)
             out, weights = run_planned(self, plan, q, k, v, attention_mask, output_attentions)
-        out = self.o_proj(out.reshape(b, t, -1))  # (B, T, E)
+        out = project(self.o_proj, out.reshape(b, t, -1))  # (B, T, E)
         return out, (weights if output_attentions else None)

@@ -15,7 +15,7 @@ from typing_extensions import Unpack
 from ..configuration.configuration_swapformer import DecoderConfig
 from .cache_argument import cache_argument, use_cache_unless_checkpointing
 from .decoding_weights import SwapformerGenerationMixin
-from .linear import Linear
+from .linear import project
 from .losses import causal_lm_loss, sequence_classification_loss
 from .modeling_base import (
     BaseModelKwargs,
@@ -98,7 +98,7 @@ class DecoderForCausalLM(DecoderPreTrainedModel, SwapformerGenerationMixin):
     def __init__(self, config: DecoderConfig):
         super().__init__(config)
         self.model = DecoderModel(config)
-        self.lm_head = Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         self.post_init()
 
     @cache_argument
@@ -131,7 +131,7 @@ class DecoderForCausalLM(DecoderPreTrainedModel, SwapformerGenerationMixin):
         """
         base_inputs = (input_ids, attention_mask, position_ids, cache, inputs_embeds, use_cache)
         out = self.model(*base_inputs, return_dict=True, **kwargs)
-        logits = self.lm_head(keep_positions(out.last_hidden_state, logits_to_keep))
+        logits = project(self.lm_head, keep_positions(out.last_hidden_state, logits_to_keep))
         loss = causal_lm_loss(logits, labels, shift_labels, num_items_in_batch)
         return head_output(self, CausalLMOutputWithPast, out, return_dict, loss=loss, logits=logits)
 
@@ -157,7 +157,7 @@ class DecoderForSequenceClassification(DecoderPreTrainedModel):
     def __init__(self, config: DecoderConfig):
         super().__init__(config)
         self.model = DecoderModel(config)
-        self.score = Linear(config.hidden_size, config.num_labels, bias=False)
+        self.score = nn.Linear(config.hidden_size, config.num_labels, bias=False)
         self.post_init()
 
     @cache_argument
@@ -180,7 +180,7 @@ class DecoderForSequenceClassification(DecoderPreTrainedModel):
         position."""
         base_inputs = (input_ids, attention_mask, position_ids, cache, inputs_embeds, use_cache)
         out = self.model(*base_inputs, return_dict=True, **kwargs)
-        logits = self.score(out.last_hidden_state)  # (B, T, num_labels)
+        logits = project(self.score, out.last_hidden_state)  # (B, T, num_labels)
         b, t = logits.shape[:2]
         positions = torch.arange(t, device=logits.device)
         if attention_mask is not None and attention_mask.dim() == 2:

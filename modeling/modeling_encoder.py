@@ -16,7 +16,7 @@ from typing_extensions import Unpack
 from ..configuration.configuration_swapformer import EncoderConfig
 from .hf_compat import ACT2FN
 from .layers import make_norm
-from .linear import Linear
+from .linear import project
 from .losses import sequence_classification_loss, span_loss, token_cross_entropy
 from .modeling_base import (
     BaseModelKwargs,
@@ -38,10 +38,10 @@ class Pooler(nn.Module):
 
     def __init__(self, config: EncoderConfig):
         super().__init__()
-        self.dense = Linear(config.hidden_size, config.hidden_size)
+        self.dense = nn.Linear(config.hidden_size, config.hidden_size)
 
     def forward(self, h: torch.Tensor) -> torch.Tensor:
-        return torch.tanh(self.dense(h[:, 0]))
+        return torch.tanh(project(self.dense, h[:, 0]))
 
 
 class EncoderModel(StackMixin, EncoderPreTrainedModel):
@@ -100,13 +100,13 @@ class MaskedLMHead(nn.Module):
 
     def __init__(self, config: EncoderConfig):
         super().__init__()
-        self.dense = Linear(config.hidden_size, config.hidden_size)
+        self.dense = nn.Linear(config.hidden_size, config.hidden_size)
         self.act_fn = ACT2FN[config.hidden_act]
         self.norm = make_norm(config)
-        self.decoder = Linear(config.hidden_size, config.vocab_size)
+        self.decoder = nn.Linear(config.hidden_size, config.vocab_size)
 
     def forward(self, h: torch.Tensor) -> torch.Tensor:
-        return self.decoder(self.norm(self.act_fn(self.dense(h))))
+        return project(self.decoder, self.norm(self.act_fn(project(self.dense, h))))
 
 
 class EncoderForMaskedLM(EncoderPreTrainedModel):
@@ -160,13 +160,13 @@ class ClassificationHead(nn.Module):
 
     def __init__(self, config: EncoderConfig):
         super().__init__()
-        self.dense = Linear(config.hidden_size, config.hidden_size)
+        self.dense = nn.Linear(config.hidden_size, config.hidden_size)
         self.dropout = nn.Dropout(classifier_dropout(config))
-        self.out_proj = Linear(config.hidden_size, config.num_labels)
+        self.out_proj = nn.Linear(config.hidden_size, config.num_labels)
 
     def forward(self, h: torch.Tensor) -> torch.Tensor:
-        x = torch.tanh(self.dense(self.dropout(h[:, 0])))
-        return self.out_proj(self.dropout(x))
+        x = torch.tanh(project(self.dense, self.dropout(h[:, 0])))
+        return project(self.out_proj, self.dropout(x))
 
 
 class EncoderForSequenceClassification(EncoderPreTrainedModel):
@@ -181,7 +181,7 @@ class EncoderForSequenceClassification(EncoderPreTrainedModel):
         self.model = EncoderModel(config)
         if self.model.pooler is not None:
             self.dropout = nn.Dropout(classifier_dropout(config))
-            self.classifier = Linear(config.hidden_size, config.num_labels)
+            self.classifier = nn.Linear(config.hidden_size, config.num_labels)
         else:
             self.dropout = None
             self.classifier = ClassificationHead(config)
@@ -204,7 +204,7 @@ class EncoderForSequenceClassification(EncoderPreTrainedModel):
         base_inputs = (input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds)
         out = self.model(*base_inputs, return_dict=True, **kwargs)
         if self.dropout is not None:
-            logits = self.classifier(self.dropout(out.pooler_output))
+            logits = project(self.classifier, self.dropout(out.pooler_output))
         else:
             logits = self.classifier(out.last_hidden_state)
         loss = sequence_classification_loss(self.config, logits, labels) if labels is not None else None
@@ -218,7 +218,7 @@ class EncoderForTokenClassification(EncoderPreTrainedModel):
         super().__init__(config)
         self.model = EncoderModel(config, add_pooling_layer=False)
         self.dropout = nn.Dropout(classifier_dropout(config))
-        self.classifier = Linear(config.hidden_size, config.num_labels)
+        self.classifier = nn.Linear(config.hidden_size, config.num_labels)
         self.post_init()
 
     @takes_base_inputs
@@ -238,7 +238,7 @@ class EncoderForTokenClassification(EncoderPreTrainedModel):
         """labels: (B, T) class ids, -100 where no loss is taken."""
         base_inputs = (input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds)
         out = self.model(*base_inputs, return_dict=True, **kwargs)
-        logits = self.classifier(self.dropout(out.last_hidden_state))
+        logits = project(self.classifier, self.dropout(out.last_hidden_state))
         loss = None
         if labels is not None:
             loss = token_cross_entropy(logits, labels, shift=False, num_items_in_batch=num_items_in_batch)
@@ -251,7 +251,7 @@ class EncoderForQuestionAnswering(EncoderPreTrainedModel):
     def __init__(self, config: EncoderConfig):
         super().__init__(config)
         self.model = EncoderModel(config, add_pooling_layer=False)
-        self.qa_outputs = Linear(config.hidden_size, 2)
+        self.qa_outputs = nn.Linear(config.hidden_size, 2)
         self.post_init()
 
     @takes_base_inputs
@@ -272,7 +272,7 @@ class EncoderForQuestionAnswering(EncoderPreTrainedModel):
         the sequence are ignored by the loss."""
         base_inputs = (input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds)
         out = self.model(*base_inputs, return_dict=True, **kwargs)
-        start_logits, end_logits = self.qa_outputs(out.last_hidden_state).unbind(-1)  # (B, T) each
+        start_logits, end_logits = project(self.qa_outputs, out.last_hidden_state).unbind(-1)  # (B, T) each
         loss = None
         if start_positions is not None and end_positions is not None:
             loss = span_loss(start_logits, end_logits, start_positions, end_positions)

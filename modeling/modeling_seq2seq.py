@@ -13,7 +13,7 @@ from ..configuration.configuration_swapformer import Seq2SeqConfig
 from .cache_argument import cache_argument, use_cache_unless_checkpointing
 from .decoding_weights import SwapformerGenerationMixin
 from .hf_compat import init
-from .linear import Linear
+from .linear import project
 from .losses import check_label_ids, token_cross_entropy
 from .modeling_base import (
     PACKING_INPUTS,
@@ -210,7 +210,7 @@ class Seq2SeqForConditionalGeneration(Seq2SeqPreTrainedModel, SwapformerGenerati
         source = "model.shared.weight" if config.shared_embeddings else "model.decoder.embed_tokens.weight"
         self._tied_weights_keys = {"lm_head.weight": source}
         self.model = Seq2SeqModel(config)
-        self.lm_head = Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         if config.add_final_logits_bias:
             # BART's: a buffer, so it is saved and loaded but not trained
             self.register_buffer("final_logits_bias", torch.zeros(1, config.vocab_size))
@@ -233,7 +233,7 @@ class Seq2SeqForConditionalGeneration(Seq2SeqPreTrainedModel, SwapformerGenerati
         """The LM head on the kept positions of the decoder's output (B, T, E)."""
         if self.config.scale_decoder_outputs:
             h = h * self.config.hidden_size**-0.5  # T5 v1.0: the tied embedding read as output projection
-        logits = self.lm_head(keep_positions(h, logits_to_keep))
+        logits = project(self.lm_head, keep_positions(h, logits_to_keep))
         if self.final_logits_bias is not None:
             logits = logits + self.final_logits_bias.to(logits.device)
         return logits

@@ -1,5 +1,6 @@
-"""swapformer's `Linear` (modeling/linear.py): fp32 CPU inference on oneDNN where its route applies,
-`F.linear` everywhere else, with `F.linear` as the oracle for values and gradients."""
+"""The CPU linear route (modeling/linear.py): `project(module, x)` runs fp32 CPU inference of a plain
+`nn.Linear` on oneDNN where its route applies and is `module(x)` everywhere else, with `F.linear` as the
+oracle for values and gradients."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from torch import nn
 import swapformer
 from swapformer.modeling import linear as linear_module
 from swapformer.modeling.decoding_weights import DecodingWeights, input_major_copy
-from swapformer.modeling.linear import Linear, cpu_linear, cpu_linear_route
+from swapformer.modeling.linear import cpu_linear, cpu_linear_route, project
 
 from conftest import build, max_diff, route_env_fixture, tiny_config
 
@@ -50,7 +51,7 @@ env_route = route_env_fixture(linear_module, "_default")
 )
 def test_onednn_route_equals_f_linear(x_shape, bias, layout):
     torch.manual_seed(0)
-    layer = Linear(24, 40, bias=bias)
+    layer = nn.Linear(24, 40, bias=bias)
     x = torch.randn(*x_shape)
     if layout == "strided input":
         x = torch.randn(*x_shape[:-1], 2 * x_shape[-1])[..., ::2]
@@ -59,8 +60,8 @@ def test_onednn_route_equals_f_linear(x_shape, bias, layout):
             layer._parameters["weight"] = nn.Parameter(input_major_copy(layer.weight), requires_grad=False)
     with torch.no_grad(), cpu_linear("onednn"):
         expected = F.linear(x, layer.weight, layer.bias)
-        ops = ops_run(lambda: layer(x))
-        out = layer(x)
+        ops = ops_run(lambda: project(layer, x))
+        out = project(layer, x)
     assert ONEDNN_OP in ops
     assert out.shape == expected.shape and out.dtype == expected.dtype
     if out.numel():
@@ -69,10 +70,10 @@ def test_onednn_route_equals_f_linear(x_shape, bias, layout):
 
 def test_torch_route_is_f_linear_bit_for_bit():
     torch.manual_seed(0)
-    layer, x = Linear(24, 40), torch.randn(3, 24)
+    layer, x = nn.Linear(24, 40), torch.randn(3, 24)
     with torch.no_grad(), cpu_linear("torch"):
-        ops = ops_run(lambda: layer(x))
-        out = layer(x)
+        ops = ops_run(lambda: project(layer, x))
+        out = project(layer, x)
     assert ONEDNN_OP not in ops
     assert torch.equal(out, F.linear(x, layer.weight, layer.bias))
 
@@ -82,13 +83,13 @@ def test_recorded_gradients_go_through_f_linear(needs_grad):
     """The oneDNN op has no backward: wherever a gradient is recorded the layer is F.linear, and its
     gradients are F.linear's."""
     torch.manual_seed(0)
-    layer = Linear(24, 40)
+    layer = nn.Linear(24, 40)
     layer.weight.requires_grad_(needs_grad == "weight")
     layer.bias.requires_grad_(needs_grad == "weight")
     x = torch.randn(3, 24, requires_grad=needs_grad == "input")
     with cpu_linear("onednn"):
-        assert ONEDNN_OP not in ops_run(lambda: layer(x))
-        out = layer(x)
+        assert ONEDNN_OP not in ops_run(lambda: project(layer, x))
+        out = project(layer, x)
         out.square().sum().backward()
     leaf = x if needs_grad == "input" else layer.weight
     got = leaf.grad.clone()
@@ -99,10 +100,10 @@ def test_recorded_gradients_go_through_f_linear(needs_grad):
 
 def test_grad_enabled_without_anything_requiring_it_still_uses_onednn():
     torch.manual_seed(0)
-    layer = Linear(24, 40).requires_grad_(False)
+    layer = nn.Linear(24, 40).requires_grad_(False)
     x = torch.randn(3, 24)
     with cpu_linear("onednn"):
-        assert torch.is_grad_enabled() and ONEDNN_OP in ops_run(lambda: layer(x))
+        assert torch.is_grad_enabled() and ONEDNN_OP in ops_run(lambda: project(layer, x))
 
 
 @pytest.mark.parametrize(
@@ -110,7 +111,7 @@ def test_grad_enabled_without_anything_requiring_it_still_uses_onednn():
 )
 def test_cases_outside_the_route_are_f_linear(case):
     torch.manual_seed(0)
-    layer, x = Linear(24, 40), torch.randn(3, 24)
+    layer, x = nn.Linear(24, 40), torch.randn(3, 24)
     if case == "float64":
         layer, x = layer.double(), x.double()
     if case == "strided weight":  # a slice of a larger matrix: oneDNN's slow path, refused
@@ -128,8 +129,8 @@ def test_cases_outside_the_route_are_f_linear(case):
         "mkldnn disabled": lambda: torch.backends.mkldnn.flags(enabled=False),
     }
     with torch.no_grad(), cpu_linear("onednn"), contexts.get(case, torch.no_grad)():
-        ops = ops_run(lambda: layer(x))
-        out = layer(x)
+        ops = ops_run(lambda: project(layer, x))
+        out = project(layer, x)
         expected = F.linear(x, layer.weight, layer.bias)
     assert ONEDNN_OP not in ops
     assert out.dtype == expected.dtype and torch.equal(
@@ -139,14 +140,76 @@ def test_cases_outside_the_route_are_f_linear(case):
         assert out.dtype == torch.bfloat16
 
 
-def test_forward_hooks_see_the_onednn_output():
+@pytest.mark.parametrize("hook", ["forward", "pre", "global forward", "global pre"])
+def test_a_hooked_linear_is_called_as_a_module(hook):
+    """Its hooks fire once, see the output `project` returns, and a pre-hook's changed input is used."""
     torch.manual_seed(0)
-    layer, x = Linear(24, 40), torch.randn(3, 24)
+    layer, x = nn.Linear(24, 40), torch.randn(3, 24)
     seen = []
-    layer.register_forward_hook(lambda module, args, output: seen.append(output))
-    with torch.no_grad(), cpu_linear("onednn"):
-        out = layer(x)
-    assert len(seen) == 1 and seen[0] is out
+
+    def forward_hook(module, args, output):
+        seen.append(output)
+
+    def pre_hook(module, args):
+        seen.append(args[0])
+        return (2 * args[0],)
+
+    register = {
+        "forward": lambda: layer.register_forward_hook(forward_hook),
+        "pre": lambda: layer.register_forward_pre_hook(pre_hook),
+        "global forward": lambda: nn.modules.module.register_module_forward_hook(forward_hook),
+        "global pre": lambda: nn.modules.module.register_module_forward_pre_hook(pre_hook),
+    }
+    handle = register[hook]()
+    try:
+        with torch.no_grad(), cpu_linear("onednn"):
+            ops = ops_run(lambda: project(layer, x))
+            seen.clear()
+            out = project(layer, x)
+    finally:
+        handle.remove()
+    assert ONEDNN_OP not in ops and len(seen) == 1
+    if hook.endswith("pre"):
+        assert seen[0] is x and torch.equal(out, F.linear(2 * x, layer.weight, layer.bias))
+    else:
+        assert seen[0] is out and torch.equal(out, F.linear(x, layer.weight, layer.bias))
+
+
+class Doubled(nn.Linear):
+    def forward(self, x):
+        return 2 * super().forward(x)
+
+
+def _lora(layer):
+    from peft import LoraConfig, get_peft_model
+
+    holder = nn.Sequential()
+    holder.add_module("proj", layer)
+    config = LoraConfig(r=2, target_modules=["proj"], init_lora_weights=False)
+    return get_peft_model(holder, config).base_model.model.proj
+
+
+def _replaced_forward(layer):
+    """An instance whose forward is replaced, as Accelerate's offloading hooks replace it."""
+    original = layer.forward
+    layer.forward = lambda x: original(x) + 1
+    return layer
+
+
+@pytest.mark.parametrize(
+    "make", [Doubled, _lora, _replaced_forward], ids=["subclass", "peft lora", "replaced forward"]
+)
+def test_other_modules_run_their_own_forward(make):
+    """`project` is `module(x)` for anything but a plain nn.Linear, whatever the route."""
+    torch.manual_seed(0)
+    x = torch.randn(3, 24)
+    module = make(nn.Linear(24, 40)) if make is not Doubled else Doubled(24, 40)
+    with torch.no_grad():
+        expected = module(x)
+        with cpu_linear("onednn"):
+            out = project(module, x)
+    assert torch.equal(out, expected)
+    assert not torch.equal(out, F.linear(x, module.weight, module.bias))
 
 
 def test_environment_variable_chooses_the_route(env_route, monkeypatch):
@@ -183,8 +246,8 @@ def test_onednn_route_forced_without_onednn_is_refused(monkeypatch):
 
 @pytest.mark.parametrize("arch", ["encoder", "decoder", "seq2seq"])
 def test_models_run_their_linears_on_the_route(arch):
-    """Whole models: the oneDNN route gives the torch route's outputs, and every projection of the
-    model is swapformer's Linear (so the route reaches them all)."""
+    """Whole models: the oneDNN route gives the torch route's outputs and reaches every projection
+    (no MKL product is left), each of them a plain nn.Linear."""
     classes = {
         "encoder": swapformer.EncoderForMaskedLM,
         "decoder": swapformer.DecoderForCausalLM,
@@ -193,7 +256,7 @@ def test_models_run_their_linears_on_the_route(arch):
     model = build(classes[arch], tiny_config(arch, mlp_type="gated" if arch == "decoder" else "mlp"))
     ids = torch.randint(3, 60, (2, 9))
     inputs = dict(input_ids=ids, decoder_input_ids=ids[:, :5]) if arch == "seq2seq" else dict(input_ids=ids)
-    assert all(type(m) is Linear for m in model.modules() if isinstance(m, nn.Linear))
+    assert all(type(m) is nn.Linear for m in model.modules() if isinstance(m, nn.Linear))
     with torch.no_grad():
         with cpu_linear("torch"):
             reference = model(**inputs).logits
@@ -246,10 +309,10 @@ def test_generate_copies_no_weights_on_the_onednn_route(monkeypatch):
 
 def test_inference_mode_uses_onednn():
     torch.manual_seed(0)
-    layer, x = Linear(24, 40), torch.randn(3, 24)
+    layer, x = nn.Linear(24, 40), torch.randn(3, 24)
     with torch.inference_mode(), cpu_linear("onednn"):
-        ops = ops_run(lambda: layer(x))
-        out = layer(x)
+        ops = ops_run(lambda: project(layer, x))
+        out = project(layer, x)
         expected = F.linear(x, layer.weight, layer.bias)
     assert ONEDNN_OP in ops and out.is_inference()
     assert relative_diff(out, expected) <= 1e-6
