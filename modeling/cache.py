@@ -7,6 +7,10 @@ A cache layer may keep fewer keys than it has seen (a window drops old ones; a w
 keeps its leading global tokens ahead of the window), so the keys it hands to attention cover absolute
 indices `[0, key_prefix) + [key_offset, key_offset + S - key_prefix)`. `CacheView.key_geometry` says
 which, per layer, before the layer runs; `append` is how a layer adds its new keys.
+
+Assisted and prompt-lookup decoding verify drafted tokens in one forward, then `crop` the rejected ones
+off every layer. A layer that drops keys keeps them all while `record_past` is set (generate() sets it
+through `activate_past_recording`), and a crop trims it back to what the next query can see.
 """
 
 from __future__ import annotations
@@ -15,7 +19,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
-from transformers.cache_utils import Cache, DynamicLayer, EncoderDecoderCache, StaticLayer
+from transformers.cache_utils import (
+    Cache,
+    DynamicLayer,
+    EncoderDecoderCache,
+    StaticLayer,
+    StaticSlidingWindowLayer,
+)
 
 from .hf_compat import DYNAMIC_LAYER_TYPE_MAPPING, STATIC_LAYER_TYPE_MAPPING, DynamicSlidingWindowLayer
 
@@ -23,18 +33,73 @@ from .hf_compat import DYNAMIC_LAYER_TYPE_MAPPING, STATIC_LAYER_TYPE_MAPPING, Dy
 PACKED_CACHE_FLAG = "_swapformer_packed_rows"
 
 
-class SlidingWindowLayer(DynamicSlidingWindowLayer):
+def tokens_to_crop(tokens_to_remove: int) -> int:
+    """How many tokens `crop(tokens_to_remove)` removes: transformers 5.24 takes a negative count (the
+    positive form, a length to crop to, is refused as transformers' own layers refuse it)."""
+    if tokens_to_remove > 0:
+        raise ValueError(
+            f"crop({tokens_to_remove}): pass minus the number of tokens to remove, e.g. "
+            f"crop(-{tokens_to_remove}) (transformers 5.24 refuses the old positive form, a length to crop)"
+        )
+    return -tokens_to_remove
+
+
+def refuse_crop(layer, remove: int, total: int, dropped: str) -> None:
+    raise ValueError(
+        f"Cannot crop {remove} token(s) off a {type(layer).__name__} holding {total}: it already dropped "
+        f"{dropped}, which the cropped cache would need. Call cache.activate_past_recording() before the "
+        "forward whose tokens may be cropped (generate() does so for assisted and prompt-lookup decoding)"
+    )
+
+
+class StoredRows:
+    """Storage hooks of the layers that drop keys, so that their int8 versions (int8_cache.py) keep the
+    same bookkeeping over int8 rows."""
+
+    # No state of its own, and a second base: `adopt_window_of_one` can then give a subclass to an object
+    # of transformers' layer (Python refuses the `__class__` assignment when the mixin comes first).
+    __slots__ = ()
+
+    def _append(self, key_states, value_states):
+        self.keys = torch.cat([self.keys, key_states], dim=-2)
+        self.values = torch.cat([self.values, value_states], dim=-2)
+        return self.keys, self.values
+
+    def _keep(self, prefix: int, start: int) -> None:
+        """Keep stored rows [0, prefix) and [start, end)."""
+        self.keys = torch.cat([self.keys[..., :prefix, :], self.keys[..., start:, :]], dim=-2)
+        self.values = torch.cat([self.values[..., :prefix, :], self.values[..., start:, :]], dim=-2)
+
+    def _stored(self) -> int:
+        return self.keys.shape[-2] if self.is_initialized else 0
+
+
+class SlidingWindowLayer(DynamicSlidingWindowLayer, StoredRows):
     """transformers' windowed cache (`sliding_attention`), which keeps the last `sliding_window - 1`
     tokens as `[-sliding_window + 1:]`: for a window of 1 that is `[-0:]`, every token, so the keys it
-    hands over disagree with its `get_mask_sizes`. Here a window of 1 keeps none. Not registered (that
-    would replace transformers' class for every model in the process): `adopt_window_of_one` gives
-    this class to the window-1 layers of a cache handed to a swapformer model, before their first use."""
+    hands over disagree with its `get_mask_sizes` (also after `crop`). Here a window of 1 keeps none. Not
+    registered (that would replace transformers' class for every model in the process):
+    `adopt_window_of_one` gives this class to the window-1 layers of a cache handed to a swapformer model,
+    before their first use."""
 
     def update(self, key_states, value_states, *args, **kwargs):
         keys, values = super().update(key_states, value_states, *args, **kwargs)
         if self.sliding_window == 1 and not self.record_past:
             self.keys, self.values = self.keys[..., :0, :], self.values[..., :0, :]
         return keys, values
+
+    def crop(self, tokens_to_remove: int) -> None:
+        """Remove the last `-tokens_to_remove` tokens and trim back to the last `sliding_window - 1`.
+        Possible while the tokens the cropped cache needs are stored (always while `record_past`)."""
+        remove, stored = tokens_to_crop(tokens_to_remove), self._stored()
+        if not self.is_initialized:
+            return
+        total = self.cumulative_length - remove
+        if remove > stored or stored - remove < min(total, self.sliding_window - 1):
+            refuse_crop(self, remove, self.cumulative_length, f"all but the last {stored} tokens")
+        self._keep(stored - remove, stored)
+        self.cumulative_length = total
+        self._keep(0, max(stored - remove - (self.sliding_window - 1), 0))
 
 
 def adopt_window_of_one(cache) -> None:
@@ -50,7 +115,7 @@ def adopt_window_of_one(cache) -> None:
                 layer.__class__ = SlidingWindowLayer
 
 
-class GlobalWindowLayer(DynamicLayer):
+class GlobalWindowLayer(DynamicLayer, StoredRows):
     """The dynamic cache of a window + global layer (`sliding_global_attention`).
 
     Later queries can see only global tokens and the last `window - 1` tokens, so this layer keeps
@@ -59,11 +124,13 @@ class GlobalWindowLayer(DynamicLayer):
     a window-sized tail: memory stops growing at prefix + window. The plan `plan`s each forward
     (window, prefix length) before the layer is read; until every row has all its global tokens the
     layer keeps everything. Stored keys cover absolute indices [0, prefix) + [tail_start, length).
-    Registered for its layer type, so `DynamicCache(config=...)` (what generate() builds) uses it.
+    While `record_past` is set (assisted decoding) nothing is dropped until `crop`, as transformers'
+    window layer does. Registered for its layer type, so `DynamicCache(config=...)` (what generate()
+    builds) uses it.
     """
 
     _layer_type = "sliding_global_attention"
-    is_croppable = False
+    is_croppable = True
 
     def __init__(self, **kwargs):
         super().__init__()
@@ -72,6 +139,11 @@ class GlobalWindowLayer(DynamicLayer):
         self.tail_start = 0  # absolute index of the first stored key after the prefix
         self.window: int | None = None
         self.keep: int | None = None  # leading tokens that must stay; None: keep everything
+        self.record_past = False
+
+    def activate_past_recording(self) -> None:
+        """Keep every token until the next `crop` (transformers calls this for assisted decoding)."""
+        self.record_past = True
 
     def plan(self, window: int, keep: int | None, layer_idx: int) -> None:
         """Set the window and the leading tokens holding every global token, before a forward."""
@@ -94,25 +166,13 @@ class GlobalWindowLayer(DynamicLayer):
             self.lazy_initialization(key_states, value_states)
         keys, values = self._append(key_states, value_states)
         self.cumulative_length += key_states.shape[-2]
-        if self.window is not None and self.keep is not None:
+        if not self.record_past:
             self._drop_unreachable()
         return keys, values
 
-    # Storage hooks, so that `Int8GlobalWindowLayer` keeps the same bookkeeping over int8 rows.
-    def _append(self, key_states, value_states):
-        self.keys = torch.cat([self.keys, key_states], dim=-2)
-        self.values = torch.cat([self.values, value_states], dim=-2)
-        return self.keys, self.values
-
-    def _keep(self, prefix: int, start: int) -> None:
-        """Keep stored rows [0, prefix) and [start, end)."""
-        self.keys = torch.cat([self.keys[..., :prefix, :], self.keys[..., start:, :]], dim=-2)
-        self.values = torch.cat([self.values[..., :prefix, :], self.values[..., start:, :]], dim=-2)
-
-    def _stored(self) -> int:
-        return self.keys.shape[-2] if self.is_initialized else 0
-
     def _drop_unreachable(self) -> None:
+        if self.window is None or self.keep is None:
+            return
         total, contiguous = self.cumulative_length, self.tail_start <= self.prefix
         prefix = min(self.keep, total) if contiguous else self.prefix
         tail_start = max(self.tail_start, prefix, total - self.window + 1)
@@ -137,10 +197,98 @@ class GlobalWindowLayer(DynamicLayer):
         self.keep = None
 
     def crop(self, tokens_to_remove: int) -> None:
-        raise NotImplementedError(
-            "The window + global cache drops tokens as it goes and cannot be cropped; generate without "
-            "assisted decoding, or use full_attention layers"
-        )
+        """Remove the last `-tokens_to_remove` tokens, then drop what no later query can see. Possible
+        while the cropped cache's window is stored: always while `record_past`, else until keys were
+        dropped."""
+        remove = tokens_to_crop(tokens_to_remove)
+        if not self.is_initialized:
+            return
+        total, stored = self.cumulative_length - remove, self._stored()
+        dropped = self.tail_start > self.prefix  # then the window is known, and must still be stored
+        if remove > stored or (dropped and self.tail_start > total - self.window + 1):
+            refuse_crop(self, remove, self.cumulative_length, f"tokens {self.prefix}..{self.tail_start - 1}")
+        self._keep(stored - remove, stored)
+        self.cumulative_length = total
+        self._drop_unreachable()
+
+
+class StaticWindowLayer(StaticLayer):
+    """The static (compileable) cache of a `sliding_attention` layer, whose keys move every step inside
+    one compiled graph.
+
+    transformers' `StaticSlidingWindowLayer` decides with a Python count whether its window is full, so
+    a compiled decoding step is specialised on it (one graph per step, until torch's recompile limit);
+    and its keys cannot be read as a static cache's slots. This layer keeps the last `slots` tokens
+    right-aligned: before a forward its slots hold absolute indices [P - slots, P) (negative ones are
+    empty) and it hands attention the slots then the new keys, [P - slots, P + T), from a count held in a
+    tensor. Outside torch.compile it hands over only the slots that hold tokens. `key_slots` is the
+    length of the whole generation (the full layers' slots), which the attention mask spans. Not
+    registered (that would change every model in the process): `adopt_static_windows` gives it to a
+    swapformer model's static cache before its first use.
+    """
+
+    is_sliding = True
+
+    def __init__(self, slots: int, key_slots: int):
+        super().__init__(max_cache_len=slots)
+        self.key_slots = key_slots
+
+    @property
+    def is_croppable(self) -> bool:
+        """Only a layer that never drops a token can be cropped (as transformers' static window layer)."""
+        return self.max_cache_len >= self.key_slots
+
+    def update(self, key_states, value_states, *args, **kwargs):
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        empty = self._empty_slots()
+        keys = torch.cat([self.keys, key_states], dim=-2)
+        values = torch.cat([self.values, value_states], dim=-2)
+        # copied into the same tensors: a compiled graph keeps their static addresses
+        self.keys.copy_(keys[..., -self.max_cache_len :, :])
+        self.values.copy_(values[..., -self.max_cache_len :, :])
+        self.cumulative_length.add_(key_states.shape[-2])
+        return keys[..., empty:, :], values[..., empty:, :]
+
+    def _empty_slots(self) -> int:
+        """Leading slots handed over that hold no token: none outside torch.compile, where the count
+        can be read; under it, every slot is handed over (one shape per step) and the mask drops the
+        empty ones."""
+        if torch.compiler.is_compiling():
+            return 0
+        return max(self.max_cache_len - int(self.cumulative_length), 0)
+
+    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+        empty = self._empty_slots()
+        offset = self.cumulative_length - self.max_cache_len + empty  # a tensor under compile: no recompiles
+        if not torch.compiler.is_compiling():
+            offset = int(offset)
+        return self.max_cache_len - empty + query_length, offset
+
+    def crop(self, tokens_to_remove: int) -> None:
+        """Remove the last `-tokens_to_remove` tokens: possible while no token was dropped."""
+        remove, total = tokens_to_crop(tokens_to_remove), int(self.cumulative_length)
+        if remove == 0 or not self.is_initialized:
+            return
+        if total > self.max_cache_len or remove > total:
+            refuse_crop(self, remove, total, f"all but the last {self.max_cache_len} tokens")
+        # right-aligned: the kept tokens move to the last slots, the slots before them are empty
+        for stored in (self.keys, self.values):
+            stored.copy_(stored.roll(remove, dims=-2))
+        self.cumulative_length.sub_(remove)
+
+
+def adopt_static_windows(cache) -> None:
+    """Give `StaticWindowLayer` to transformers' `StaticSlidingWindowLayer`s of a static `cache` that were
+    never used, when the cache's other static layers tell the generation's length (the mask's span).
+    A cache of window layers only is left as it is (compiled, it is specialised per step)."""
+    layers = getattr(cache, "self_attention_cache", cache).layers
+    windows = [i for i, layer in enumerate(layers) if type(layer) is StaticSlidingWindowLayer]
+    spans = [layer.max_cache_len for layer in layers if type(layer) is StaticLayer]
+    if not windows or not spans or any(layers[i].is_initialized for i in windows):
+        return
+    for i in windows:
+        layers[i] = StaticWindowLayer(layers[i].max_cache_len, max(spans))
 
 
 # BigBird layers keep every key: random blocks make any earlier block visible to a later query.
@@ -151,15 +299,18 @@ for _layer_type in ("sliding_global_attention", "bigbird_attention"):
 
 
 def static_key_slots(cache: Cache | None) -> int | None:
-    """Key slots of a static (compileable) cache whose layers all keep every token: masks may then span
-    all its slots (`create_masks_for_generate` pads them so), and a compiled decoding step keeps one shape.
-    None for any other cache."""
+    """Key slots of a static (compileable) cache whose layers all keep every token or are
+    `StaticWindowLayer`s: masks may then span all its slots (`create_masks_for_generate` pads them so),
+    and a compiled decoding step keeps one shape. None for any other cache."""
     if cache is None or not cache.is_compileable:
         return None
     layers = getattr(cache, "self_attention_cache", cache).layers
-    if any(getattr(layer, "is_sliding", False) for layer in layers):
+    moving = [
+        getattr(layer, "is_sliding", False) and not isinstance(layer, StaticWindowLayer) for layer in layers
+    ]
+    if any(moving):
         return None
-    return max(layer.max_cache_len for layer in layers)
+    return max(getattr(layer, "key_slots", layer.max_cache_len) for layer in layers)
 
 
 def cache_layer(cache: Cache, idx: int):
@@ -211,6 +362,7 @@ class CacheView:
             return cls(None)
         if not torch.compiler.is_compiling():
             adopt_window_of_one(cache)
+            adopt_static_windows(cache)
         past = cache.get_seq_length()
         if torch.is_tensor(past) and not torch.compiler.is_compiling():
             past = int(past)  # a static cache counts in a tensor; outside compile, read it once

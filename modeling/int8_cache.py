@@ -118,10 +118,11 @@ def _dequantized_view(attribute: str):
 class Int8Storage:
     """Mixin over a cache layer class: keys and values are kept as `Int8Rows`.
 
-    `update` and the window bookkeeping go through `_append` / `_keep` / `_stored`, which work on the
-    int8 rows directly. `keys` and `values` stay readable and assignable as full-precision tensors (a
-    read dequantises, an assignment quantises), so the base classes' rarer operations (crop,
-    offloading) work unchanged; beam reordering and batch selection index the int8 rows."""
+    `update`, the window bookkeeping and the window layers' `crop` go through `_append` / `_keep` /
+    `_stored` (cache.py: StoredRows), which work on the int8 rows directly, so a crop never re-quantises.
+    `keys` and `values` stay readable and assignable as full-precision tensors (a read dequantises, an
+    assignment quantises), so the base classes' rarer operations (offloading) work unchanged; beam
+    reordering and batch selection index the int8 rows."""
 
     _qkeys: Int8Rows | None = None
     _qvalues: Int8Rows | None = None
@@ -189,7 +190,8 @@ class Int8Layer(Int8Storage, DynamicLayer):
 
 class Int8SlidingWindowLayer(Int8Storage, SlidingWindowLayer):
     """`sliding_attention` layers: the last `sliding_window - 1` tokens are kept (none for a window of 1,
-    as `SlidingWindowLayer` does), as transformers' `DynamicSlidingWindowLayer` keeps them."""
+    as `SlidingWindowLayer` does), as transformers' `DynamicSlidingWindowLayer` keeps them; `crop` is
+    `SlidingWindowLayer`'s, on the int8 rows."""
 
     def update(self, key_states, value_states, *args, **kwargs):
         if not self.is_initialized:

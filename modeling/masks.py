@@ -215,7 +215,8 @@ class AttentionPattern:
             ok = (in_prefix | ((k >= self.key_offset) & (local < self.key_length))) & (k < self.total_length)
         else:
             local = k - self.key_offset
-            ok = (local >= 0) & (local < self.key_length) & (k < self.total_length)
+            # a static window cache hands over empty slots before index 0 while compiled (cache.py)
+            ok = (local >= 0) & (local < self.key_length) & (k >= 0) & (k < self.total_length)
         safe = local.clamp(0, self.key_length - 1)
         row = (q - self.query_offset).clamp(0, self.query_length - 1)
         if self.key_valid is not None:

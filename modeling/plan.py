@@ -291,12 +291,12 @@ def pattern_for_backend(stack, layer_type: str, pattern: AttentionPattern) -> At
 
 def select_keys(x: torch.Tensor | None, index: torch.Tensor, fill) -> torch.Tensor | None:
     """(B, P + T) per-token values -> their values at the keys a cache layer hands to attention,
-    whose absolute indices are `index` (S,); `fill` past the end (empty rows of a static cache).
+    whose absolute indices are `index` (S,); `fill` outside 0..P+T-1 (empty slots of a static cache).
     Always masked (no data-dependent shortcut), so compiled and exported graphs take the same path."""
     if x is None:
         return None
-    picked = x[:, index.clamp(max=x.shape[1] - 1)]
-    return picked.masked_fill(index >= x.shape[1], fill)
+    picked = x[:, index.clamp(0, x.shape[1] - 1)]
+    return picked.masked_fill((index < 0) | (index >= x.shape[1]), fill)
 
 
 def is_padded(valid: torch.Tensor, total, key_index: torch.Tensor | None = None) -> bool:

@@ -48,6 +48,18 @@ def tiny_config(arch: str, **overrides):
     return swapformer.Seq2SeqConfig(**base)
 
 
+# Every cache layer type in one decoder (issue 26: full and window layers in one static cache, as Gemma 2
+# compiles); for a seq2seq, pass them as `decoder_layer_types` too.
+MIXED_LAYERS = dict(
+    num_hidden_layers=4,
+    layer_types=["full_attention", "sliding_attention", "sliding_global_attention", "bigbird_attention"],
+    sliding_window=3,
+    global_tokens=1,
+    attention_block_size=2,
+    num_random_blocks=1,
+)
+
+
 def pattern_config(arch, layer_type, **overrides):
     """A tiny config whose layer 0 carries the pattern under test (`layer_type`) and layer 1 is full:
     both kinds of mask in one forward (for an encoder-decoder, in both halves)."""

@@ -18,7 +18,7 @@ from transformers.cache_utils import DynamicCache
 
 import swapformer
 
-from conftest import ARCHS, BASE_CLASSES, LM_CLASSES, build, max_diff, padded_batch, tiny_config
+from conftest import ARCHS, BASE_CLASSES, LM_CLASSES, MIXED_LAYERS, build, max_diff, padded_batch, tiny_config
 
 pytestmark = pytest.mark.slow
 TOL = 1e-5
@@ -138,8 +138,23 @@ def test_compile_fullgraph_inductor_with_cache(report):
         ("decoder", "eager", "aot_eager", {}),
         ("seq2seq", "sdpa", "aot_eager", {}),
         ("decoder", "sdpa", "aot_eager", BIGBIRD),  # left-padded rows count random blocks from their start
+        # full and windowed layers in one static cache, as Gemma 2 compiles (issue 26): the window layers'
+        # keys move every step, inside one graph
+        ("decoder", "sdpa", "aot_eager", MIXED_LAYERS),
+        ("decoder", "eager", "aot_eager", MIXED_LAYERS),
+        ("decoder", "sdpa", "aot_eager", dict(MIXED_LAYERS, layer_types=MIXED_LAYERS["layer_types"][::-1])),
+        ("seq2seq", "sdpa", "aot_eager", dict(MIXED_LAYERS, decoder_layer_types=MIXED_LAYERS["layer_types"])),
     ],
-    ids=["decoder-sdpa-inductor", "decoder-eager-aot_eager", "seq2seq-sdpa-aot_eager", "decoder-bigbird"],
+    ids=[
+        "decoder-sdpa-inductor",
+        "decoder-eager-aot_eager",
+        "seq2seq-sdpa-aot_eager",
+        "decoder-bigbird",
+        "decoder-mixed-sdpa",
+        "decoder-mixed-eager",
+        "decoder-mixed-window-first",
+        "seq2seq-mixed",
+    ],
 )
 def test_generate_static_cache_compiled_fullgraph(arch, attn, backend, layers, report):
     """transformers' test_generate_compile_model_forward_fullgraph: two different inputs of the same

@@ -18,6 +18,7 @@ from swapformer.modeling.linear import cpu_linear
 
 from conftest import (
     LM_CLASSES,
+    MIXED_LAYERS,
     POSITIONS,
     build,
     cached_step_diffs,
@@ -321,12 +322,21 @@ def test_scores_and_transition_scores():
     assert max_diff(transition, want) <= 1e-6
 
 
+@pytest.mark.parametrize("layers", ["full", "mixed"])
 @pytest.mark.parametrize("attn", DECODING)
 @pytest.mark.parametrize("arch", ["decoder", "seq2seq"])
-def test_static_cache_generates_what_the_dynamic_cache_does(arch, attn):
+def test_static_cache_generates_what_the_dynamic_cache_does(arch, attn, layers):
     """generate(cache_implementation="static") goes through transformers' compileable-cache path,
-    which asks the model for its masks (create_masks_for_generate): swapformer keeps its own."""
-    model = lm(arch, attn, position_embedding_type="rope", num_key_value_heads=2)
+    which asks the model for its masks (create_masks_for_generate): swapformer keeps its own. With
+    window layers among full ones, the window layers keep only the window (cache.py: StaticWindowLayer)."""
+    options = {}
+    if layers == "mixed":
+        options = (
+            dict(MIXED_LAYERS, decoder_layer_types=MIXED_LAYERS["layer_types"])
+            if arch == "seq2seq"
+            else MIXED_LAYERS
+        )
+    model = lm(arch, attn, position_embedding_type="rope", num_key_value_heads=2, **options)
     ids, mask = prompts(arch)
     kw = dict(
         attention_mask=mask,
@@ -340,6 +350,9 @@ def test_static_cache_generates_what_the_dynamic_cache_does(arch, attn):
     static = model.generate(ids, cache_implementation="static", **kw)
     assert torch.equal(dynamic.sequences, static.sequences)
     assert max(max_diff(a, b) for a, b in zip(dynamic.logits, static.logits)) <= TOLERANCE
+    if layers == "mixed":
+        window_layer = getattr(static.cache, "self_attention_cache", static.cache).layers[1]
+        assert window_layer.keys.shape[-2] == MIXED_LAYERS["sliding_window"]
 
 
 @pytest.mark.parametrize("tied", [False, True])
