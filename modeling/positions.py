@@ -130,6 +130,8 @@ class RotaryEmbedding(nn.Module):
         self.config = config
         self.rope_type = config.rope_parameters.get("rope_type", "default")
         self.original_max_seq_len = config.max_position_embeddings
+        # resolved once here: the dynamic update calls it inside the forward, where torch.compile traces
+        self.init_fn = self._init_function()
         inv_freq, self.attention_scaling = self.init_fn(config)
         self.register_buffer("inv_freq", inv_freq, persistent=False)
         self.register_buffer("original_inv_freq", inv_freq.clone(), persistent=False)
@@ -142,8 +144,7 @@ class RotaryEmbedding(nn.Module):
         exponents = torch.arange(0, dim, 2, dtype=torch.float, device=device) / dim
         return 1.0 / (config.rope_parameters["rope_theta"] ** exponents), 1.0
 
-    @property
-    def init_fn(self):
+    def _init_function(self):
         if self.rope_type == "default":
             return self.compute_default_rope_parameters
         # imported here: hf_compat imports the attention functions, which import this module
