@@ -128,17 +128,17 @@ def model_table(quick: bool, rounds: int) -> None:
     # the input-major copies made once (as generate() does once per call), swapped in for each step
     lease = DecodingWeights(gpt2, "all")
     lease.lend()
-    swaps = [(module, module._parameters["weight"], weight) for module, weight in lease.lent]
+    swaps = [(module, module.weight, weight) for module, weight in lease.lent]
     lease.hand_back()
 
     def torch_with_copies():
         for module, copy, _ in swaps:
-            module._parameters["weight"] = copy
+            module.weight = copy
         try:
             step()
         finally:
             for module, _, weight in swaps:
-                module._parameters["weight"] = weight
+                module.weight = weight
 
     best = interleaved(
         {"torch": on_route("torch", torch_with_copies), "onednn": on_route("onednn", step)}, rounds * 4

@@ -19,7 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
-from transformers.cache_utils import (
+from transformers import (
     Cache,
     DynamicLayer,
     EncoderDecoderCache,

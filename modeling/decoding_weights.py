@@ -8,7 +8,7 @@ import threading
 
 import torch
 from torch import nn
-from transformers.generation import GenerationMixin
+from transformers import GenerationMixin
 from transformers.utils import logging
 
 from .linear import cpu_linear_route
@@ -124,11 +124,11 @@ class DecodingWeights:
             if id(weight) not in copies:
                 copies[id(weight)] = nn.Parameter(input_major_copy(weight), requires_grad=False)
             self.lent.append((module, weight))
-            module._parameters["weight"] = copies[id(weight)]
+            module.weight = copies[id(weight)]  # a Parameter: nn.Module registers it in the weight's place
 
     def hand_back(self) -> None:
         for module, weight in reversed(self.lent):
-            module._parameters["weight"] = weight
+            module.weight = weight
         self.lent.clear()
 
     @classmethod

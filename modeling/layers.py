@@ -15,7 +15,7 @@ from functools import partial
 
 import torch
 from torch import nn
-from transformers.modeling_layers import GradientCheckpointingLayer
+from transformers import GradientCheckpointingLayer
 
 from ..configuration.backends import LAYER_TYPE_PATTERN
 from ..configuration.configuration_swapformer import GLOBAL_KINDS

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 from torch import nn
-from transformers.cache_utils import Cache, DynamicCache, EncoderDecoderCache
+from transformers import Cache, DynamicCache, EncoderDecoderCache
 from transformers.modeling_outputs import BaseModelOutput, Seq2SeqLMOutput, Seq2SeqModelOutput
 from typing_extensions import Unpack
 

@@ -193,8 +193,33 @@ def test_sliding_window_cache_layer():
     )
     layer = layer_class(sliding_window=3)
     contract(layer.sliding_window == 3, "DynamicSlidingWindowLayer.sliding_window", "attribute gone")
-    for method in ("update", "get_mask_sizes", "get_seq_length"):
+    for method in ("update", "get_mask_sizes", "get_seq_length", "crop"):
         contract(callable(getattr(layer, method, None)), f"DynamicSlidingWindowLayer.{method}", "gone")
+
+
+def test_sliding_window_layer_counts_tokens_and_records_the_past_for_assisted_decoding():
+    """The croppable window layers of modeling/cache.py and int8_cache.py read `cumulative_length` (every
+    token seen) and `record_past` (generate() sets it for assisted decoding: nothing is dropped until
+    `crop`), as transformers' own layer keeps them."""
+    layer = hf_compat.DynamicSlidingWindowLayer(sliding_window=3)
+    kv = torch.randn(1, 2, 5, 4)
+    layer.update(kv, kv)
+    contract(
+        getattr(layer, "cumulative_length", None) == 5,
+        "DynamicSlidingWindowLayer.cumulative_length",
+        "not the tokens seen",
+    )
+    contract(
+        getattr(layer, "record_past", None) is False,
+        "DynamicSlidingWindowLayer.record_past",
+        "not False by default",
+    )
+    recording = hf_compat.DynamicSlidingWindowLayer(sliding_window=3)
+    recording.record_past = True
+    recording.update(kv, kv)
+    contract(
+        recording.keys.shape[-2] == 5, "DynamicSlidingWindowLayer.record_past", "keys dropped while recording"
+    )
 
 
 # Hooks swapformer overrides on transformers' base classes --------------------------------------------
