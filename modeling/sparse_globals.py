@@ -30,9 +30,7 @@ def merge(q, k1, v1, p2, l2, v2, mask1, dead1, scale, target=None):
     output (B, m, K, G, b, D) into `target` when given (no gradients) and returns None; otherwise
     returns (output (B*m, K, G*b, D), the union's log-sum-exp (B*m, K, G*b))."""
     batch, kv_heads, groups, m, b = l2.shape
-    o1, l1 = flash_cpu(
-        q, k1, v1, attn_mask=mask1, scale=scale
-    )
+    o1, l1 = flash_cpu(q, k1, v1, attn_mask=mask1, scale=scale)
     if dead1 is not None:
         l1 = l1.masked_fill_(dead1, float("-inf"))
     l1 = l1.view(batch, m, kv_heads, groups, b).permute(0, 2, 3, 1, 4)  # (B, K, G, m, b)
@@ -181,9 +179,7 @@ class RowsByPieces:
         if hi == lo:
             return
         mask = None if self.mask is None else self.mask[..., lo:hi]
-        out, lse = flash_cpu(
-            self.q, key[:, :, lo:hi], value[:, :, lo:hi], attn_mask=mask, scale=self.scale
-        )
+        out, lse = flash_cpu(self.q, key[:, :, lo:hi], value[:, :, lo:hi], attn_mask=mask, scale=self.scale)
         if mask is not None:
             lse = lse.masked_fill_(~(mask > float("-inf")).any(-1), torch.finfo(lse.dtype).min)
         if self.out is None:
