@@ -93,13 +93,25 @@ def _stack_tp_plan(config, *, causal: bool, cross_attention: bool = False) -> di
         attention = {**ATTENTION_TP_PLAN, **GLOBAL_TP_PLAN}
     else:
         attention = ATTENTION_TP_PLAN
-    plan = {f"layers.*.self_attn.{name}": style for name, style in attention.items()}
+    plan = (
+        {}
+        if per_head_tables(config)
+        else {f"layers.*.self_attn.{name}": style for name, style in attention.items()}
+    )
     if cross_attention:
         plan.update({f"layers.*.cross_attn.{name}": style for name, style in ATTENTION_TP_PLAN.items()})
     if config.mlp_type == "gated":
         plan["layers.*.mlp.gate_proj"] = "colwise"
     plan.update({"layers.*.mlp.up_proj": "colwise", "layers.*.mlp.down_proj": "rowwise"})
     return plan
+
+
+def per_head_tables(config) -> bool:
+    """Whether self-attention keeps a table over all query heads beside its projections (ALiBi slopes, T5's
+    relative bias, attention sinks). Split by heads, each rank's projections would meet the whole table, so
+    such self-attention stays whole on every rank (replicated) while the MLP, the embeddings, the head and
+    cross-attention are sharded."""
+    return config.position_embedding_type in ("alibi", "relative_bias") or bool(config.attention_sinks)
 
 
 class _PlanOfConfig:

@@ -20,6 +20,7 @@ from transformers.testing_utils import CaptureLogger
 from transformers.utils import logging as hf_logging
 
 import swapformer
+from swapformer.configuration.configuration_swapformer import per_head_tables
 
 from conftest import ARCHS, LM_CLASSES, build, max_diff, padded_batch, tiny_config
 
@@ -146,6 +147,14 @@ def tp_cases() -> dict[str, tuple[str, dict]]:
         elif not shared:
             continue
         cases["-".join([*words, "tied" if tied else "untied"])] = (arch, options)
+    # self-attention with a table over all heads stays whole on every rank (per_head_tables)
+    for arch, option in (
+        ("decoder", {"position_embedding_type": "alibi"}),
+        ("decoder", {"attention_sinks": True}),
+        ("encoder", {"position_embedding_type": "relative_bias"}),
+        ("seq2seq", {"position_embedding_type": "relative_bias"}),
+    ):
+        cases["-".join([arch, *map(str, option.values())]).replace("True", "sinks")] = (arch, option)
     return cases
 
 
@@ -156,7 +165,7 @@ WEIGHT_SHARD_DIM = {"embedding_rowwise": 0, "colwise": 0, "colwise_gather_output
 
 def tp_model(arch: str, options: dict):
     config = tiny_config(
-        arch, position_embedding_type="rope", num_key_value_heads=2, hidden_act="silu", **options
+        arch, **{"position_embedding_type": "rope", "num_key_value_heads": 2, "hidden_act": "silu", **options}
     )
     return build(LM_CLASSES[arch], config)
 
@@ -174,8 +183,11 @@ def required_styles(model) -> dict[str, str]:
     up by columns, o and down by rows), the LM head by vocabulary gathering its output, and each token
     embedding by vocabulary rows, the head's layout, as transformers does for Llama."""
     head = model.get_output_embeddings()
+    whole_self_attention = per_head_tables(model.config)
     required = {}
     for name, module in model.named_modules():
+        if whole_self_attention and ".self_attn." in name:
+            continue
         if isinstance(module, torch.nn.Linear) and re.search(r"\.(self_attn|cross_attn|mlp)\.", name):
             required[name] = "rowwise" if name.endswith(("o_proj", "down_proj")) else "colwise"
         elif module is head:
