@@ -238,6 +238,15 @@ def exact_sgd_args(output_dir, **overrides) -> transformers.TrainingArguments:
     )
 
 
+@pytest.fixture(scope="module", autouse=True)
+def no_compiled_kernels_left():
+    """After each test file, forget what torch.compile compiled: transformers' flex path keeps one compiled
+    function for the process, and the shapes a file compiled it for made a later file's flex call fail
+    inside dynamo (unbacked symbols) where it passes alone."""
+    yield
+    torch._dynamo.reset()
+
+
 @pytest.fixture
 def one_thread():
     """Tiny models gain nothing from a second thread, and on a busy shared machine OpenMP threads

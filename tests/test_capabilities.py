@@ -216,12 +216,6 @@ def parameters():
             )
 
 
-@pytest.fixture(scope="module", autouse=True)
-def no_compiled_flex_left():
-    yield
-    torch._dynamo.reset()  # leave no compiled flex kernel (and its shapes) to later tests
-
-
 @pytest.fixture(scope="module")
 def eager_results():
     return {}
