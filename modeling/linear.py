@@ -20,8 +20,11 @@ The route applies to a call when all hold:
   every module: a hook must still fire) and its `forward` not replaced on the instance (Accelerate's
   offloading hooks do that); a subclass, a PEFT layer or a quantized layer is called as a module;
 - the route is on: `cpu_linear(route)` (a context manager) or else the environment variable
-  SWAPFORMER_CPU_LINEAR says "onednn", or they say "auto" (the default) and torch reports AVX-512 for
-  this CPU (`torch.backends.cpu.get_cpu_capability()`); "torch" turns it off. No AVX2-only CPU was
+  SWAPFORMER_CPU_LINEAR says "onednn", or they say "auto" (the default), torch reports AVX-512 for
+  this CPU (`torch.backends.cpu.get_cpu_capability()`) and the CPU is AMD's (`cpu_vendor()`); "torch"
+  turns it off. On an Intel Xeon with AVX-512, where MKL runs its AVX-512 code, oneDNN did not pay:
+  whole forwards 0.94-0.95x and a GPT-2 decoding step 0.81x the speed of torch's route (2026-12-03,
+  benchmarks/cpu_linear.py), so "auto" keeps torch's route on Intel. No AVX2-only CPU was
   at hand, so "auto" leaves torch's choice there. Emulated on the Zen 5 (oneDNN held to AVX2 with
   ONEDNN_MAX_CPU_ISA=AVX2; MKL runs its AVX2 code there anyway) oneDNN ran at 0.98-1.35x MKL's speed
   per product from 64 rows up and 1.09-1.17x on whole forwards (docs/benchmarks.md): a small gain,
@@ -100,14 +103,25 @@ def cpu_linear_route() -> str:
     return route
 
 
+def cpu_vendor() -> str:
+    """The CPU's vendor id as Linux reports it ("AuthenticAMD", "GenuineIntel"), or "" where unknown."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("vendor_id"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return ""
+
+
 def _resolve(route: str) -> str:
     if route != "auto":
         return route
-    return (
-        "onednn"
-        if _onednn_available() and torch.backends.cpu.get_cpu_capability().startswith("AVX512")
-        else "torch"
-    )
+    # the gain is MKL's vendor dispatch (AVX2 code on AMD); where MKL runs AVX-512 itself, torch's route
+    # was as fast or faster (module docstring)
+    wide = torch.backends.cpu.get_cpu_capability().startswith("AVX512")
+    return "onednn" if _onednn_available() and wide and cpu_vendor() == "AuthenticAMD" else "torch"
 
 
 @contextlib.contextmanager

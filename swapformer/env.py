@@ -92,6 +92,7 @@ def _machine() -> dict:
     info = {
         "platform": platform.platform(),
         "cpu": _cpu_model(),
+        "cpu vendor": _cpu_vendor(),
         "cores": os.cpu_count(),
         "torch CPU capability": torch.backends.cpu.get_cpu_capability(),
         "torch threads": torch.get_num_threads(),
@@ -118,6 +119,12 @@ def _cpu_model() -> str:
     except OSError:
         pass
     return platform.processor() or "unknown"
+
+
+def _cpu_vendor() -> str:
+    from .modeling.linear import cpu_vendor
+
+    return cpu_vendor() or "unknown"
 
 
 def _routes() -> dict:

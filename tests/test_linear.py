@@ -220,10 +220,18 @@ def test_environment_variable_chooses_the_route(env_route, monkeypatch):
     with cpu_linear("torch"):  # the context manager wins over the environment
         assert cpu_linear_route() == "torch"
     assert cpu_linear_route() == "onednn"
-    for capability, route in (("AVX2", "torch"), ("AVX512", "onednn"), ("DEFAULT", "torch")):
+    cases = (
+        ("AVX2", "AuthenticAMD", "torch"),
+        ("AVX512", "AuthenticAMD", "onednn"),
+        ("AVX512", "GenuineIntel", "torch"),  # MKL runs AVX-512 there itself
+        ("AVX512", "", "torch"),
+        ("DEFAULT", "AuthenticAMD", "torch"),
+    )
+    for capability, vendor, route in cases:
         monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda c=capability: c)
+        monkeypatch.setattr(linear_module, "cpu_vendor", lambda v=vendor: v)
         env_route(None)  # unset: "auto"
-        assert cpu_linear_route() == route
+        assert cpu_linear_route() == route, (capability, vendor)
         with cpu_linear("auto"):
             assert cpu_linear_route() == route
 
