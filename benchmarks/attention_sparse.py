@@ -49,7 +49,7 @@ from transformers import LongformerConfig, LongformerModel
 
 import swapformer
 from swapformer.modeling.attention import eager_attention_forward
-from swapformer.modeling.linear import linear
+from swapformer.modeling.linear import cpu_info, linear
 from swapformer.modeling.lowering import lower
 from swapformer.modeling.masks import AttentionPattern, random_layouts
 from swapformer.modeling.sparse import sparse_attention_forward
@@ -293,8 +293,7 @@ def model_row(repeats: int):
 
 
 def cpu_model() -> str:
-    with open("/proc/cpuinfo") as f:
-        return next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), "unknown")
+    return cpu_info("model name") or "unknown"
 
 
 def uptime() -> str:

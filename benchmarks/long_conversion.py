@@ -31,6 +31,7 @@ from transformers import AutoModel, AutoTokenizer, BertModel
 from transformers.utils import logging
 
 from swapformer.conversion import convert
+from swapformer.modeling.linear import cpu_info
 
 TEXT = (
     "Longformer copied the learned position table of RoBERTa eight times to reach 4096 positions, "
@@ -39,8 +40,7 @@ TEXT = (
 
 
 def machine() -> str:
-    with open("/proc/cpuinfo") as f:
-        cpu = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), "unknown")
+    cpu = cpu_info("model name") or "unknown"
     load = " / ".join(f"{x:.2f}" for x in os.getloadavg())
     return f"{cpu}, {os.cpu_count()} cores, torch threads {torch.get_num_threads()}, load average {load}"
 

@@ -65,9 +65,8 @@ def interleaved(fns: dict, rounds: int = 10, times: dict | None = None, round_s:
 
 def machine() -> str:
     """The CPU model, core count and load average (1 / 5 / 15 min), printed with every table."""
-    with open("/proc/cpuinfo") as f:
-        cpu = next(
-            (line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), "unknown CPU"
-        )
+    from swapformer.modeling.linear import cpu_info  # here: the timing helpers above stay import-light
+
+    cpu = cpu_info("model name") or "unknown CPU"
     load = os.getloadavg()
     return f"{cpu}, {os.cpu_count()} cores, load average {load[0]:.2f} / {load[1]:.2f} / {load[2]:.2f}"

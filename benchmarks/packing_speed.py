@@ -30,6 +30,7 @@ import time
 
 import torch
 
+from swapformer.modeling.linear import cpu_info
 from swapformer.training import data as data_mod
 from swapformer.training.args import TrainArgs
 from swapformer.training.model import build_model, model_options
@@ -39,11 +40,7 @@ from swapformer.training.tokenizer import train_tokenizer
 
 
 def cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            return next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
-    except (OSError, StopIteration):
-        return platform.processor() or platform.machine()
+    return cpu_info("model name") or platform.processor() or platform.machine()
 
 
 def load() -> str:

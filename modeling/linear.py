@@ -103,16 +103,21 @@ def cpu_linear_route() -> str:
     return route
 
 
-def cpu_vendor() -> str:
-    """The CPU's vendor id as Linux reports it ("AuthenticAMD", "GenuineIntel"), or "" where unknown."""
+def cpu_info(field: str) -> str:
+    """A field of the first CPU as Linux reports it ("vendor_id", "model name"), or "" where unknown."""
     try:
         with open("/proc/cpuinfo") as f:
             for line in f:
-                if line.startswith("vendor_id"):
+                if line.startswith(field):
                     return line.split(":", 1)[1].strip()
     except OSError:
         pass
     return ""
+
+
+def cpu_vendor() -> str:
+    """The CPU's vendor id ("AuthenticAMD", "GenuineIntel"), or "" where unknown."""
+    return cpu_info("vendor_id")
 
 
 def _resolve(route: str) -> str:

@@ -111,14 +111,9 @@ def _machine() -> dict:
 
 
 def _cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
+    from .modeling.linear import cpu_info
+
+    return cpu_info("model name") or platform.processor() or "unknown"
 
 
 def _cpu_vendor() -> str:
