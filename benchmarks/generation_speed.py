@@ -12,7 +12,7 @@ so that freed buffers go back to the system at once.
 "swapformer" is the model as it comes: its linear layers on its CPU linear route (modeling/linear.py:
 oneDNN where torch reports AVX-512; the route in force is printed) and `model.decoding_copies="auto"`.
 On torch's own route (MKL) swapformer decodes faster on input-major copies of its wide and square
-matrices, lent to the modules for the generate() call (`DecodingWeights`, DESIGN_NOTES.md 9), which
+matrices, lent to the modules for the generate() call (`DecodingWeights`, docs/architecture.md, decision 9), which
 "auto" makes there; so the table also times torch's route with the copies, with a copy of the LM head
 only and with none, and gives the copies' size, the memory that speed costs while generate() runs.
 A second table times single decoding steps (best of many, interleaved; steadier than whole calls on a

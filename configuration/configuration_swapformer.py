@@ -6,7 +6,7 @@ Everything is validated at construction, so a wrong value fails here with a mess
 not later inside a kernel. This module must not import torch: configs are read on machines and in
 tools that never build a model.
 
-transformers 5.x configs are dataclasses (see HF_NOTES.md): fields are declared as annotated class
+transformers 5.x configs are dataclasses: fields are declared as annotated class
 attributes, derived values are filled in `__post_init__`, and base fields such as
 `tie_word_embeddings` or `is_encoder_decoder` are fields too, never assigned before the base init.
 """

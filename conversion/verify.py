@@ -79,7 +79,7 @@ def batch(config, pad_token_id: int | None, seq2seq: bool, length: int | None = 
 
 def diff(a: torch.Tensor, b: torch.Tensor, mask: torch.Tensor | None) -> float:
     """max |a - b| over real tokens (padded positions are not compared: swapformer zeroes what
-    transformers leaves as an average, see DESIGN_NOTES)."""
+    transformers leaves as an average, see docs/architecture.md)."""
     if a.shape != b.shape:
         raise VerificationError(f"Output shapes differ: {tuple(a.shape)} against {tuple(b.shape)}")
     d = (a.float() - b.float()).abs()

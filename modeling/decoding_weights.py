@@ -1,5 +1,5 @@
 """generate() on input-major copies of the decoding weights: `DecodingWeights` lends them to their
-modules for one generate() call (DESIGN_NOTES.md 9), `SwapformerGenerationMixin` decides when."""
+modules for one generate() call (docs/architecture.md, decision 9), `SwapformerGenerationMixin` decides when."""
 
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ class DecodingWeights:
     time. On CPU that product runs faster on a matrix stored (in, out), the layout of GPT-2's Conv1D,
     than on `nn.Linear`'s (out, in): the vocabulary-sized LM head in about 0.55x the time, square
     and wide matrices in 0.5-0.9x, narrow ones (MLP down, GQA k/v) not faster, so they are not copied.
-    No torch product reads the (out, in) matrix at that speed (DESIGN_NOTES.md 9), so the copies are
+    No torch product reads the (out, in) matrix at that speed (docs/architecture.md, decision 9), so the copies are
     the price: their bytes while generate() runs, and the time to make them once per call (see the
     README's generation benchmark).
 

@@ -1,6 +1,6 @@
 """Longformer's global attention: the global tokens' query rows attend through their own projections
 (`query_global`, `key_global`, `value_global` in Longformer; `q/k/v_global_proj` here), computed
-outside the backend so every backend gives the same rows (DESIGN_NOTES item 18).
+outside the backend so every backend gives the same rows (docs/architecture.md, decision 18).
 
 Shape legend: B batch, T queries, S keys, R global query rows, E hidden size, H heads, D head dim.
 """

@@ -233,7 +233,7 @@ def random_blocks(config, causal: bool, pos: Positions, keys: KeyGeometry) -> di
     """BigBird's random blocks (`random_table`, `random_index`, `random_start` of a pattern): every
     query's blocks are counted from the first real token of its sequence (its row's, or its packed
     sequence's), in the layout that sequence has alone, so padding and the rest of the batch change
-    nothing (DESIGN_NOTES item 7). A row holds one sequence unless packed: its start and real length
+    nothing (docs/architecture.md, decision 7). A row holds one sequence unless packed: its start and real length
     come from the padding mask over all P + T tokens, cached ones included, so a left-padded prompt
     keeps its start while it grows."""
     bs, total, t = config.attention_block_size, pos.total, pos.length

@@ -2,7 +2,7 @@
 
 transformers loads remote code from one flat folder and only follows single-dot relative imports
 (`from .layers import Block`); nested packages and absolute self-imports fail on a machine without
-swapformer (HF_NOTES.md, "Remote code"). The package itself is nested (`swapformer.modeling`,
+swapformer (transformers copies only the files a single-dot import names, next to each other). The package itself is nested (`swapformer.modeling`,
 `swapformer.configuration`), so at save time the modules a model needs are collected by following
 their relative imports, `from ..configuration.x import` is rewritten to `from .x import`, and the
 result is checked: a file that would still import swapformer, or two modules with one basename,

@@ -434,7 +434,7 @@ def test_window_of_one_cached(step):
 
 @pytest.mark.parametrize("causal, side", [(False, "right"), (True, "left")])
 def test_bigbird_padded_row_equals_the_row_alone(causal, side):
-    """DESIGN_NOTES item 7 for BigBird: padding on either side leaves a row's random blocks (counted from
+    """docs/architecture.md, decision 7 for BigBird: padding on either side leaves a row's random blocks (counted from
     its first real token, in the layout its real length has alone) and so its outputs unchanged."""
     case = Case(
         causal=causal,

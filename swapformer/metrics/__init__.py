@@ -14,7 +14,7 @@ import importlib.util
 import os
 from pathlib import Path
 
-# name -> module; perplexity lives beside the training job that reports it (DESIGN_NOTES item 11)
+# name -> module; perplexity lives beside the training job that reports it (docs/architecture.md, decision 11)
 MODULES = {
     "accuracy": "swapformer.metrics.accuracy",
     "f1": "swapformer.metrics.f1",
