@@ -20,7 +20,7 @@ first `--short-train` documents of `--short-length` = 128 words (both colors ins
 window, so either model can learn "same color" there; the colors are still 65+ tokens apart, beyond
 the long model's window, so it learns to gather them in [CLS], which carries over to long documents),
 then `--train` documents at the full length, all at a learning rate of 5e-5. What did not work (see
-the README): fine-tuning on full-length documents from the start (the label is an XOR of two features
+docs/long-documents.md): fine-tuning on full-length documents from the start (the label is an XOR of two features
 that each say nothing alone, so the loss gets no signal until attention already finds the colors:
 chance after 72-288 steps); the short phase with a 512-token window (every token sees the whole short
 document, what it learns there does not need [CLS] and gave chance on long documents) or with 64-word

@@ -5,8 +5,8 @@ DataCollatorWithFlattening: no padding, and each sequence attends only to itself
     python examples/packed_training.py --max-steps 2 --documents 16 --hidden-size 32   # a smoke run
 
 The data are slices of the Python standard library's source and the tokenizer a small BPE trained on
-them, so the script runs without downloads. `train_packed` is what the README shows (a test runs this
-file and checks that the README holds the same code).
+them, so the script runs without downloads. `train_packed` is what docs/patterns.md shows (a test runs this
+file and checks that the page holds the same code).
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import argparse
 import math
 import tempfile
 
-# README: packed sequences (start)
+# docs/patterns.md: packed sequences (start)
 from transformers import DataCollatorWithFlattening, Trainer, TrainingArguments
 
 import swapformer
@@ -51,7 +51,7 @@ def train_packed(tokenizer, texts, output_dir, hidden_size=128, max_steps=60):
     return trainer
 
 
-# README: packed sequences (end)
+# docs/patterns.md: packed sequences (end)
 
 
 def main(argv: list[str] | None = None) -> list[float]:

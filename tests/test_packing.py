@@ -726,17 +726,17 @@ def test_train_packing_refuses_what_cannot_pack(overrides, message, tmp_path):
         validate(args)
 
 
-# The README recipe -------------------------------------------------------------------------------
+# The recipe of docs/patterns.md ------------------------------------------------------------------
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 
-def test_readme_recipe_is_the_example_and_the_example_trains(tmp_path):
+def test_docs_recipe_is_the_example_and_the_example_trains(tmp_path):
     example = (ROOT / "examples" / "packed_training.py").read_text()
-    recipe = example.split("# README: packed sequences (start)\n")[1].split(
-        "# README: packed sequences (end)"
+    recipe = example.split("# docs/patterns.md: packed sequences (start)\n")[1].split(
+        "# docs/patterns.md: packed sequences (end)"
     )[0]
-    assert f"```python\n{recipe.strip()}\n```" in (ROOT / "README.md").read_text()
+    assert f"```python\n{recipe.strip()}\n```" in (ROOT / "docs" / "patterns.md").read_text()
     spec = importlib.util.spec_from_file_location("packed_training", ROOT / "examples" / "packed_training.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
