@@ -191,22 +191,11 @@ def _grid(panels, row_tokens, col_tokens, max_tokens, *, cmap, title, tick_every
     return fig
 
 
-def pattern_masks(config, seq_len: int, *, global_attention_mask: Sequence[int] | None = None) -> dict:
-    """{layer type: (seq_len, seq_len) bool tensor}: which keys each query may see in a layer of that
-    type, for one row of `seq_len` tokens without padding (the config's window, global tokens, random
-    blocks and causality; `global_attention_mask` marks more global tokens as a Longformer-style input
-    would). Read from a one-layer-per-type copy of the model with random weights on eager: the mask a
-    model of this config really applies, not a redrawing of it."""
+def _probe_model(config, types: list[str]):
+    """A one-layer-per-type copy of `config`'s model (its encoder's, for an encoder-decoder) with one
+    head of 8 dims, no dropout and random weights, on eager."""
     from .modeling import DecoderModel, EncoderModel
 
-    if isinstance(seq_len, bool) or not isinstance(seq_len, int) or seq_len < 1:
-        raise ValueError(f"seq_len must be a positive int, got {seq_len!r}")
-    if seq_len > config.max_position_embeddings and config.position_embedding_type == "learned":
-        raise ValueError(
-            f"seq_len={seq_len} exceeds max_position_embeddings={config.max_position_embeddings} of this config; "
-            "use a shorter seq_len"
-        )
-    types = list(dict.fromkeys(config.layer_types))
     small = config.to_dict()
     for key in (
         "architectures",
@@ -243,7 +232,25 @@ def pattern_masks(config, seq_len: int, *, global_attention_mask: Sequence[int] 
     torch.manual_seed(0)
     model = model_class(small_config).eval()
     model.set_attn_implementation("eager")
-    ids = torch.full((1, seq_len), 3 % small_config.vocab_size, dtype=torch.long)
+    return model
+
+
+def pattern_masks(config, seq_len: int, *, global_attention_mask: Sequence[int] | None = None) -> dict:
+    """{layer type: (seq_len, seq_len) bool tensor}: which keys each query may see in a layer of that
+    type, for one row of `seq_len` tokens without padding (the config's window, global tokens, random
+    blocks and causality; `global_attention_mask` marks more global tokens as a Longformer-style input
+    would). Read from a one-layer-per-type copy of the model with random weights on eager: the mask a
+    model of this config really applies, not a redrawing of it."""
+    if isinstance(seq_len, bool) or not isinstance(seq_len, int) or seq_len < 1:
+        raise ValueError(f"seq_len must be a positive int, got {seq_len!r}")
+    if seq_len > config.max_position_embeddings and config.position_embedding_type == "learned":
+        raise ValueError(
+            f"seq_len={seq_len} exceeds max_position_embeddings={config.max_position_embeddings} of this config; "
+            "use a shorter seq_len"
+        )
+    types = list(dict.fromkeys(config.layer_types))
+    model = _probe_model(config, types)
+    ids = torch.full((1, seq_len), 3 % model.config.vocab_size, dtype=torch.long)
     kwargs = {}
     if global_attention_mask is not None:
         marks = torch.as_tensor(list(global_attention_mask), dtype=torch.long)[None]
