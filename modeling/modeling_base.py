@@ -1,16 +1,13 @@
 """What every swapformer model shares: weight initialisation, the backend check made when a backend
-is chosen, saving with generated remote code, and the base-model inputs that task heads pass on
-(`BaseModelKwargs`). Losses live in losses.py, the cache argument in cache_argument.py, generate()'s
-weight copies in decoding_weights.py."""
+is chosen, saving with generated remote code. What base models and task heads share about inputs and
+outputs (the cache argument included) lives in heads.py, losses in losses.py, generate()'s weight
+copies in decoding_weights.py."""
 
 from __future__ import annotations
 
 import importlib
-import inspect
 import os
-from typing import TypedDict
 
-import torch
 from torch import nn
 from transformers import PreTrainedModel
 from transformers.utils import logging
@@ -183,130 +180,4 @@ def _publishing():
         return None
 
 
-def finish_output(config, output, return_dict: bool | None):
-    """The ModelOutput, or its tuple (None fields dropped, loss first) when return_dict is False."""
-    return output if (config.return_dict if return_dict is None else return_dict) else output.to_tuple()
-
-
-def head_output(model: nn.Module, output_class: type, base_output, return_dict: bool | None, **fields):
-    """A task head's output: its own `fields` (loss, logits) and every field of the base model's
-    output that `output_class` also has (cache, hidden states, attentions), as `finish_output` gives it."""
-    carried = {
-        k: v for k, v in base_output.items() if k in output_class.__dataclass_fields__ and k not in fields
-    }
-    return finish_output(model.config, output_class(**carried, **fields), return_dict)
-
-
-def keep_positions(h: torch.Tensor, logits_to_keep: int | torch.Tensor) -> torch.Tensor:
-    """The positions of h (B, T, E) that need logits, by transformers' rule (`slice_logits_to_keep`):
-    an int N keeps the last N (0: all); a 1-D tensor indexes positions of every row; a 2-D integer
-    tensor (B, N) positions per row; a 2-D bool mask (B, T) the True positions, flattened to (n, E)."""
-    if isinstance(logits_to_keep, int):
-        return h[:, -logits_to_keep:] if logits_to_keep else h
-    if logits_to_keep.dim() == 2:
-        if logits_to_keep.dtype == torch.bool:
-            return h[logits_to_keep.to(h.device)]
-        return torch.take_along_dim(h, logits_to_keep.to(h.device)[..., None], dim=1)
-    return h[:, logits_to_keep]
-
-
-# Inputs passed through ---------------------------------------------------------------------------
-
-
-class BaseModelKwargs(TypedDict, total=False):
-    """The base-model inputs that a task head passes on untouched, as `**kwargs: Unpack[BaseModelKwargs]`
-    (transformers types its heads' `**kwargs` with `TransformersKwargs`). A new input of every
-    architecture is added here and read in `stack_inputs`, nowhere else.
-
-    Args:
-        output_attentions, output_hidden_states: return every layer's attention map / hidden state
-            (default: the config's).
-        global_attention_mask: (B, S), 1 for tokens that attend to and are attended by all tokens in
-            sliding_global/bigbird layers (e.g. the CLS token, question tokens); S also counts
-            cached tokens. Of the encoder input, for an encoder-decoder.
-        cu_seq_lens_q, cu_seq_lens_k, max_length_q, max_length_k, seq_idx: packed sequences as
-            `DataCollatorWithFlattening` marks them (restarting `position_ids` alone do too); each
-            sequence then attends only to itself (modeling/packing.py). Of the encoder input, for an
-            encoder-decoder.
-
-    transformers' models ignore a keyword they do not know; here a name outside these is a
-    TypeError (`stack_inputs`), as a misspelt keyword argument of a plain forward is.
-    """
-
-    output_attentions: bool | None
-    output_hidden_states: bool | None
-    global_attention_mask: torch.Tensor | None
-    cu_seq_lens_q: torch.Tensor | None
-    cu_seq_lens_k: torch.Tensor | None
-    max_length_q: int | None
-    max_length_k: int | None
-    seq_idx: torch.Tensor | None
-
-
-PACKING_INPUTS = ("cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k", "seq_idx")
-
-
-def takes_base_inputs(forward):
-    """Shows the `BaseModelKwargs` names in `forward`'s signature as keyword-only parameters (before
-    its `**kwargs`). transformers reads forward signatures: Trainer drops dataset columns that are
-    not parameters (`remove_unused_columns`) and generate() refuses keyword arguments that are not
-    (`_validate_model_kwargs`), so a `global_attention_mask` column or argument must be one."""
-    signature = inspect.signature(forward)
-    *params, var_keyword = signature.parameters.values()
-    if var_keyword.kind is not inspect.Parameter.VAR_KEYWORD:
-        raise TypeError(f"{forward.__qualname__} must end with **kwargs to take the base-model inputs")
-    listed = [
-        # annotations are strings (postponed evaluation), which TypedDict wraps as ForwardRefs
-        inspect.Parameter(
-            name,
-            inspect.Parameter.KEYWORD_ONLY,
-            default=None,
-            annotation=getattr(hint, "__forward_arg__", hint),
-        )
-        for name, hint in BaseModelKwargs.__annotations__.items()
-        if name not in signature.parameters
-    ]
-    forward.__signature__ = signature.replace(parameters=[*params, *listed, var_keyword])
-    return forward
-
-
-def check_base_inputs(module: nn.Module, kwargs: dict) -> None:
-    """A keyword argument that is neither a parameter of the forward that got it (a head's or the base
-    model's) nor a `BaseModelKwargs` name is a TypeError, as for any plain function."""
-    unknown = sorted(set(kwargs) - BaseModelKwargs.__optional_keys__)
-    if unknown:
-        raise TypeError(
-            f"{type(module).__name__}.forward() (or the task head that called it) got unexpected keyword "
-            f"argument(s) {unknown}: neither its parameters nor a BaseModelKwargs input "
-            f"{sorted(BaseModelKwargs.__optional_keys__)}; check the spelling"
-        )
-
-
-def stack_inputs(module: nn.Module, kwargs: BaseModelKwargs) -> dict:
-    """`forward_stack`'s keyword arguments for the `BaseModelKwargs` a base model was given (output
-    flags defaulting to the config's); any other name is a TypeError naming the model."""
-    check_base_inputs(module, kwargs)
-    config = module.config
-
-    def flag(name):
-        value = kwargs.get(name)
-        return getattr(config, name) if value is None else value
-
-    return dict(
-        global_attention_mask=kwargs.get("global_attention_mask"),
-        output_attentions=flag("output_attentions"),
-        output_hidden_states=flag("output_hidden_states"),
-        packing_inputs={name: kwargs.get(name) for name in PACKING_INPUTS},
-    )
-
-
-__all__ = [
-    "BaseModelKwargs",
-    "SwapformerPreTrainedModel",
-    "check_base_inputs",
-    "finish_output",
-    "head_output",
-    "keep_positions",
-    "stack_inputs",
-    "takes_base_inputs",
-]
+__all__ = ["SwapformerPreTrainedModel"]

@@ -13,19 +13,20 @@ from transformers.modeling_outputs import (
 from typing_extensions import Unpack
 
 from ..configuration.configuration_swapformer import DecoderConfig
-from .cache_argument import cache_argument, use_cache_unless_checkpointing
 from .decoding_weights import SwapformerGenerationMixin
+from .heads import (
+    BaseModelKwargs,
+    HeadKwargs,
+    TaskHead,
+    cache_argument,
+    keep_positions,
+    model_output,
+    stack_inputs,
+    use_cache_unless_checkpointing,
+)
 from .linear import project
 from .losses import causal_lm_loss, sequence_classification_loss
-from .modeling_base import (
-    BaseModelKwargs,
-    SwapformerPreTrainedModel,
-    finish_output,
-    head_output,
-    keep_positions,
-    stack_inputs,
-    takes_base_inputs,
-)
+from .modeling_base import SwapformerPreTrainedModel
 from .stack import StackMixin
 
 
@@ -48,8 +49,6 @@ class DecoderModel(StackMixin, DecoderPreTrainedModel):
         self.gradient_checkpointing = False  # set by activation_checkpointing_enable
         self.post_init()
 
-    @cache_argument
-    @takes_base_inputs
     def forward(
         self,
         input_ids: torch.Tensor | None = None,
@@ -59,6 +58,7 @@ class DecoderModel(StackMixin, DecoderPreTrainedModel):
         inputs_embeds: torch.Tensor | None = None,
         use_cache: bool | None = None,
         *,
+        global_attention_mask: torch.Tensor | None = None,
         return_dict: bool | None = None,
         **kwargs: Unpack[BaseModelKwargs],
     ) -> BaseModelOutputWithPast | tuple:
@@ -70,8 +70,11 @@ class DecoderModel(StackMixin, DecoderPreTrainedModel):
                 its deprecated names; `cache_position`, if given, must be P..P+T-1).
             use_cache: create a `DynamicCache` when none is given and return it (off, with
                 transformers' warning, while gradient checkpointing trains).
-            kwargs: `BaseModelKwargs` (output flags, global tokens, packed sequences).
+            global_attention_mask: (B, P + T), 1 for tokens that attend to and are attended by all
+                tokens in sliding_global/bigbird layers.
+            kwargs: `BaseModelKwargs` (output flags, packed sequences).
         """
+        cache = cache_argument(self, cache, kwargs, input_ids if input_ids is not None else inputs_embeds)
         # A cache the caller passed is always read and updated; one is only created on request.
         if use_cache_unless_checkpointing(self, use_cache) and cache is None:
             cache = DynamicCache(config=self.config)
@@ -81,19 +84,20 @@ class DecoderModel(StackMixin, DecoderPreTrainedModel):
             attention_mask=attention_mask,
             position_ids=position_ids,
             cache=cache,
-            **stack_inputs(self, kwargs),
+            **stack_inputs(self, global_attention_mask, kwargs),
         )
         out = BaseModelOutputWithPast(
             last_hidden_state=h, cache=cache, hidden_states=hidden, attentions=attns
         )
-        return finish_output(self.config, out, return_dict)
+        return model_output(self.config, out, return_dict)
 
 
-class DecoderForCausalLM(DecoderPreTrainedModel, SwapformerGenerationMixin):
+class DecoderForCausalLM(TaskHead, DecoderPreTrainedModel, SwapformerGenerationMixin):
     _tied_weights_keys = {"lm_head.weight": "model.embed_tokens.weight"}
     _tp_plan = {"lm_head": "colwise_gather_output"}  # with config.base_model_tp_plan, as Llama's
     _pp_plan = {"lm_head": (["hidden_states"], ["logits"])}
     accepts_loss_kwargs = True
+    output_class = CausalLMOutputWithPast
 
     def __init__(self, config: DecoderConfig):
         super().__init__(config)
@@ -101,8 +105,6 @@ class DecoderForCausalLM(DecoderPreTrainedModel, SwapformerGenerationMixin):
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         self.post_init()
 
-    @cache_argument
-    @takes_base_inputs
     def forward(
         self,
         input_ids: torch.Tensor | None = None,
@@ -112,28 +114,32 @@ class DecoderForCausalLM(DecoderPreTrainedModel, SwapformerGenerationMixin):
         inputs_embeds: torch.Tensor | None = None,
         labels: torch.Tensor | None = None,
         use_cache: bool | None = None,
-        *,
         logits_to_keep: int | torch.Tensor = 0,
+        *,
+        global_attention_mask: torch.Tensor | None = None,
         return_dict: bool | None = None,
-        num_items_in_batch: int | torch.Tensor | None = None,
         shift_labels: torch.Tensor | None = None,
-        **kwargs: Unpack[BaseModelKwargs],
+        **kwargs: Unpack[HeadKwargs],
     ) -> CausalLMOutputWithPast | tuple:
         """
         Args:
             labels: (B, T) usually the input ids; shifted inside, -100 where no loss is taken.
             logits_to_keep: compute logits for the last N positions only (0: all), or for the
                 positions a tensor selects (transformers' rule, see `keep_positions`); generation uses 1.
-            num_items_in_batch: labelled tokens in the whole accumulated batch (see `token_cross_entropy`).
             shift_labels: (B, T) labels already shifted (the target of position t at t), as
                 transformers' causal-LM loss takes them; used instead of `labels`.
-            kwargs: `BaseModelKwargs`, passed to `DecoderModel`.
+            kwargs: `HeadKwargs`: `num_items_in_batch`, labelled tokens in the whole accumulated batch
+                (see `token_cross_entropy`); the rest as `DecoderModel.forward`'s.
         """
-        base_inputs = (input_ids, attention_mask, position_ids, cache, inputs_embeds, use_cache)
-        out = self.model(*base_inputs, return_dict=True, **kwargs)
+        cache = cache_argument(self, cache, kwargs, input_ids if input_ids is not None else inputs_embeds)
+        base = (input_ids, attention_mask, position_ids, cache, inputs_embeds, use_cache)
+        kwargs["global_attention_mask"] = global_attention_mask
+        targets = dict(labels=labels, shift_labels=shift_labels, logits_to_keep=logits_to_keep)
+        return self.run_head(base, kwargs, return_dict, **targets)
+
+    def head_outputs(self, out, labels, shift_labels, logits_to_keep, num_items_in_batch=None) -> dict:
         logits = project(self.lm_head, keep_positions(out.last_hidden_state, logits_to_keep))
-        loss = causal_lm_loss(logits, labels, shift_labels, num_items_in_batch)
-        return head_output(self, CausalLMOutputWithPast, out, return_dict, loss=loss, logits=logits)
+        return dict(loss=causal_lm_loss(logits, labels, shift_labels, num_items_in_batch), logits=logits)
 
     def _update_model_kwargs_for_generation(
         self, outputs, model_kwargs, is_encoder_decoder: bool = False, num_new_tokens: int = 1
@@ -149,10 +155,11 @@ class DecoderForCausalLM(DecoderPreTrainedModel, SwapformerGenerationMixin):
         return model_kwargs
 
 
-class DecoderForSequenceClassification(DecoderPreTrainedModel):
+class DecoderForSequenceClassification(TaskHead, DecoderPreTrainedModel):
     """Classifies a sequence from the hidden state of its last token (GPT-2, Llama style)."""
 
     accepts_loss_kwargs = False  # its loss is a mean over sequences: Trainer must not pass a token count
+    output_class = SequenceClassifierOutputWithPast
 
     def __init__(self, config: DecoderConfig):
         super().__init__(config)
@@ -160,8 +167,6 @@ class DecoderForSequenceClassification(DecoderPreTrainedModel):
         self.score = nn.Linear(config.hidden_size, config.num_labels, bias=False)
         self.post_init()
 
-    @cache_argument
-    @takes_base_inputs
     def forward(
         self,
         input_ids: torch.Tensor | None = None,
@@ -172,19 +177,27 @@ class DecoderForSequenceClassification(DecoderPreTrainedModel):
         labels: torch.Tensor | None = None,
         use_cache: bool | None = None,
         *,
+        global_attention_mask: torch.Tensor | None = None,
         return_dict: bool | None = None,
-        **kwargs: Unpack[BaseModelKwargs],
+        **kwargs: Unpack[HeadKwargs],
     ) -> SequenceClassifierOutputWithPast | tuple:
+        """labels: (B,) class ids, (B,) floats for regression, or (B, num_labels) multi-label targets."""
+        cache = cache_argument(self, cache, kwargs, input_ids if input_ids is not None else inputs_embeds)
+        base = (input_ids, attention_mask, position_ids, cache, inputs_embeds, use_cache)
+        kwargs["global_attention_mask"] = global_attention_mask
+        return self.run_head(
+            base, kwargs, return_dict, labels=labels, input_ids=input_ids, mask=attention_mask
+        )
+
+    def head_outputs(self, out, labels, input_ids, mask) -> dict:
         """The last token is the last one with a (B, P + T) attention_mask 1 (left or right padding),
         else the last one that is not `pad_token_id` (with a 4D mask too, as Llama's), else the last
         position."""
-        base_inputs = (input_ids, attention_mask, position_ids, cache, inputs_embeds, use_cache)
-        out = self.model(*base_inputs, return_dict=True, **kwargs)
         logits = project(self.score, out.last_hidden_state)  # (B, T, num_labels)
         b, t = logits.shape[:2]
         positions = torch.arange(t, device=logits.device)
-        if attention_mask is not None and attention_mask.dim() == 2:
-            last = (attention_mask[:, -t:].to(logits.device).bool() * positions).argmax(-1)
+        if mask is not None and mask.dim() == 2:
+            last = (mask[:, -t:].to(logits.device).bool() * positions).argmax(-1)
         elif input_ids is not None and self.config.pad_token_id is not None:
             last = ((input_ids != self.config.pad_token_id).to(logits.device) * positions).argmax(-1)
         elif b == 1 or input_ids is None:
@@ -196,7 +209,7 @@ class DecoderForSequenceClassification(DecoderPreTrainedModel):
             )
         pooled = logits[torch.arange(b, device=logits.device), last]
         loss = sequence_classification_loss(self.config, pooled, labels) if labels is not None else None
-        return head_output(self, SequenceClassifierOutputWithPast, out, return_dict, loss=loss, logits=pooled)
+        return dict(loss=loss, logits=pooled)
 
 
 AUTO_CLASSES = {

@@ -11,21 +11,16 @@ from transformers.modeling_outputs import (
     SequenceClassifierOutput,
     TokenClassifierOutput,
 )
+from transformers.utils import ModelOutput
 from typing_extensions import Unpack
 
 from ..configuration.configuration_swapformer import EncoderConfig
+from .heads import BaseModelKwargs, HeadKwargs, TaskHead, model_output, stack_inputs
 from .hf_compat import ACT2FN
 from .layers import make_norm
 from .linear import project
 from .losses import sequence_classification_loss, span_loss, token_cross_entropy
-from .modeling_base import (
-    BaseModelKwargs,
-    SwapformerPreTrainedModel,
-    finish_output,
-    head_output,
-    stack_inputs,
-    takes_base_inputs,
-)
+from .modeling_base import SwapformerPreTrainedModel
 from .stack import StackMixin
 
 
@@ -65,7 +60,6 @@ class EncoderModel(StackMixin, EncoderPreTrainedModel):
         self.pooler = Pooler(config) if add_pooling_layer else None
         self.post_init()
 
-    @takes_base_inputs
     def forward(
         self,
         input_ids: torch.Tensor | None = None,
@@ -74,17 +68,23 @@ class EncoderModel(StackMixin, EncoderPreTrainedModel):
         position_ids: torch.Tensor | None = None,
         inputs_embeds: torch.Tensor | None = None,
         *,
+        global_attention_mask: torch.Tensor | None = None,
         return_dict: bool | None = None,
         **kwargs: Unpack[BaseModelKwargs],
     ) -> BaseModelOutputWithPooling | tuple:
-        """kwargs: `BaseModelKwargs` (output flags, global tokens, packed sequences)."""
+        """
+        Args:
+            global_attention_mask: (B, T), 1 for tokens that attend to and are attended by all tokens
+                in sliding_global/bigbird layers (e.g. the CLS token, question tokens).
+            kwargs: `BaseModelKwargs` (output flags, packed sequences).
+        """
         h, hidden, attns, _ = self.forward_stack(
             input_ids=input_ids,
             inputs_embeds=inputs_embeds,
             attention_mask=attention_mask,
             position_ids=position_ids,
             token_type_ids=token_type_ids,
-            **stack_inputs(self, kwargs),
+            **stack_inputs(self, global_attention_mask, kwargs),
         )
         out = BaseModelOutputWithPooling(
             last_hidden_state=h,
@@ -92,7 +92,7 @@ class EncoderModel(StackMixin, EncoderPreTrainedModel):
             hidden_states=hidden,
             attentions=attns,
         )
-        return finish_output(self.config, out, return_dict)
+        return model_output(self.config, out, return_dict)
 
 
 class MaskedLMHead(nn.Module):
@@ -109,10 +109,33 @@ class MaskedLMHead(nn.Module):
         return project(self.decoder, self.norm(self.act_fn(project(self.dense, h))))
 
 
-class EncoderForMaskedLM(EncoderPreTrainedModel):
+class EncoderTaskHead(TaskHead, EncoderPreTrainedModel):
+    """The forward of the encoder heads: BERT's inputs, then the head's `labels` (its `head_outputs`)."""
+
+    def forward(
+        self,
+        input_ids: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        token_type_ids: torch.Tensor | None = None,
+        position_ids: torch.Tensor | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        labels: torch.Tensor | None = None,
+        *,
+        global_attention_mask: torch.Tensor | None = None,
+        return_dict: bool | None = None,
+        **kwargs: Unpack[HeadKwargs],
+    ) -> ModelOutput | tuple:
+        """global_attention_mask, kwargs: as `EncoderModel.forward`'s (and `num_items_in_batch`)."""
+        base = (input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds)
+        kwargs["global_attention_mask"] = global_attention_mask
+        return self.run_head(base, kwargs, return_dict, labels=labels)
+
+
+class EncoderForMaskedLM(EncoderTaskHead):
     _tied_weights_keys = {"lm_head.decoder.weight": "model.embed_tokens.weight"}
     _tp_plan = {"lm_head.decoder": "colwise_gather_output"}  # with config.base_model_tp_plan
     accepts_loss_kwargs = True
+    output_class = MaskedLMOutput
 
     def __init__(self, config: EncoderConfig):
         super().__init__(config)
@@ -126,28 +149,13 @@ class EncoderForMaskedLM(EncoderPreTrainedModel):
     def set_output_embeddings(self, new_embeddings):
         self.lm_head.decoder = new_embeddings
 
-    @takes_base_inputs
-    def forward(
-        self,
-        input_ids: torch.Tensor | None = None,
-        attention_mask: torch.Tensor | None = None,
-        token_type_ids: torch.Tensor | None = None,
-        position_ids: torch.Tensor | None = None,
-        inputs_embeds: torch.Tensor | None = None,
-        labels: torch.Tensor | None = None,
-        *,
-        num_items_in_batch: int | torch.Tensor | None = None,
-        return_dict: bool | None = None,
-        **kwargs: Unpack[BaseModelKwargs],
-    ) -> MaskedLMOutput | tuple:
+    def head_outputs(self, out, labels: torch.Tensor | None, num_items_in_batch=None) -> dict:
         """labels: (B, T) token ids at masked positions, -100 elsewhere."""
-        base_inputs = (input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds)
-        out = self.model(*base_inputs, return_dict=True, **kwargs)
         logits = self.lm_head(out.last_hidden_state)
         loss = None
         if labels is not None:
             loss = token_cross_entropy(logits, labels, shift=False, num_items_in_batch=num_items_in_batch)
-        return head_output(self, MaskedLMOutput, out, return_dict, loss=loss, logits=logits)
+        return dict(loss=loss, logits=logits)
 
 
 def classifier_dropout(config: EncoderConfig) -> float:
@@ -169,12 +177,13 @@ class ClassificationHead(nn.Module):
         return project(self.out_proj, self.dropout(x))
 
 
-class EncoderForSequenceClassification(EncoderPreTrainedModel):
+class EncoderForSequenceClassification(EncoderTaskHead):
     """With `add_pooling_layer`: BERT's classifier, pooler -> dropout -> linear `classifier` (so a
     model converted from BERT starts from its trained pooler). Without: RoBERTa's head `classifier`
     (`ClassificationHead`) on the first token."""
 
     accepts_loss_kwargs = False  # its loss is a mean over sequences: Trainer must not pass a token count
+    output_class = SequenceClassifierOutput
 
     def __init__(self, config: EncoderConfig):
         super().__init__(config)
@@ -187,32 +196,19 @@ class EncoderForSequenceClassification(EncoderPreTrainedModel):
             self.classifier = ClassificationHead(config)
         self.post_init()
 
-    @takes_base_inputs
-    def forward(
-        self,
-        input_ids: torch.Tensor | None = None,
-        attention_mask: torch.Tensor | None = None,
-        token_type_ids: torch.Tensor | None = None,
-        position_ids: torch.Tensor | None = None,
-        inputs_embeds: torch.Tensor | None = None,
-        labels: torch.Tensor | None = None,
-        *,
-        return_dict: bool | None = None,
-        **kwargs: Unpack[BaseModelKwargs],
-    ) -> SequenceClassifierOutput | tuple:
+    def head_outputs(self, out, labels: torch.Tensor | None) -> dict:
         """labels: (B,) class ids, (B,) floats for regression, or (B, num_labels) multi-label targets."""
-        base_inputs = (input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds)
-        out = self.model(*base_inputs, return_dict=True, **kwargs)
         if self.dropout is not None:
             logits = project(self.classifier, self.dropout(out.pooler_output))
         else:
             logits = self.classifier(out.last_hidden_state)
         loss = sequence_classification_loss(self.config, logits, labels) if labels is not None else None
-        return head_output(self, SequenceClassifierOutput, out, return_dict, loss=loss, logits=logits)
+        return dict(loss=loss, logits=logits)
 
 
-class EncoderForTokenClassification(EncoderPreTrainedModel):
+class EncoderForTokenClassification(EncoderTaskHead):
     accepts_loss_kwargs = True
+    output_class = TokenClassifierOutput
 
     def __init__(self, config: EncoderConfig):
         super().__init__(config)
@@ -221,32 +217,18 @@ class EncoderForTokenClassification(EncoderPreTrainedModel):
         self.classifier = nn.Linear(config.hidden_size, config.num_labels)
         self.post_init()
 
-    @takes_base_inputs
-    def forward(
-        self,
-        input_ids: torch.Tensor | None = None,
-        attention_mask: torch.Tensor | None = None,
-        token_type_ids: torch.Tensor | None = None,
-        position_ids: torch.Tensor | None = None,
-        inputs_embeds: torch.Tensor | None = None,
-        labels: torch.Tensor | None = None,
-        *,
-        num_items_in_batch: int | torch.Tensor | None = None,
-        return_dict: bool | None = None,
-        **kwargs: Unpack[BaseModelKwargs],
-    ) -> TokenClassifierOutput | tuple:
+    def head_outputs(self, out, labels: torch.Tensor | None, num_items_in_batch=None) -> dict:
         """labels: (B, T) class ids, -100 where no loss is taken."""
-        base_inputs = (input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds)
-        out = self.model(*base_inputs, return_dict=True, **kwargs)
         logits = project(self.classifier, self.dropout(out.last_hidden_state))
         loss = None
         if labels is not None:
             loss = token_cross_entropy(logits, labels, shift=False, num_items_in_batch=num_items_in_batch)
-        return head_output(self, TokenClassifierOutput, out, return_dict, loss=loss, logits=logits)
+        return dict(loss=loss, logits=logits)
 
 
-class EncoderForQuestionAnswering(EncoderPreTrainedModel):
+class EncoderForQuestionAnswering(EncoderTaskHead):
     accepts_loss_kwargs = False  # its loss is a mean over sequences: Trainer must not pass a token count
+    output_class = QuestionAnsweringModelOutput
 
     def __init__(self, config: EncoderConfig):
         super().__init__(config)
@@ -254,7 +236,6 @@ class EncoderForQuestionAnswering(EncoderPreTrainedModel):
         self.qa_outputs = nn.Linear(config.hidden_size, 2)
         self.post_init()
 
-    @takes_base_inputs
     def forward(
         self,
         input_ids: torch.Tensor | None = None,
@@ -265,19 +246,24 @@ class EncoderForQuestionAnswering(EncoderPreTrainedModel):
         start_positions: torch.Tensor | None = None,
         end_positions: torch.Tensor | None = None,
         *,
+        global_attention_mask: torch.Tensor | None = None,
         return_dict: bool | None = None,
-        **kwargs: Unpack[BaseModelKwargs],
+        **kwargs: Unpack[HeadKwargs],
     ) -> QuestionAnsweringModelOutput | tuple:
+        """BERT's question-answering inputs: the span targets take the place of `labels`."""
+        base = (input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds)
+        kwargs["global_attention_mask"] = global_attention_mask
+        spans = dict(start_positions=start_positions, end_positions=end_positions)
+        return self.run_head(base, kwargs, return_dict, **spans)
+
+    def head_outputs(self, out, start_positions: torch.Tensor | None, end_positions: torch.Tensor | None):
         """start_positions, end_positions: (B,) token indices of the answer span; positions outside
         the sequence are ignored by the loss."""
-        base_inputs = (input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds)
-        out = self.model(*base_inputs, return_dict=True, **kwargs)
         start_logits, end_logits = project(self.qa_outputs, out.last_hidden_state).unbind(-1)  # (B, T) each
         loss = None
         if start_positions is not None and end_positions is not None:
             loss = span_loss(start_logits, end_logits, start_positions, end_positions)
-        spans = dict(start_logits=start_logits.contiguous(), end_logits=end_logits.contiguous())
-        return head_output(self, QuestionAnsweringModelOutput, out, return_dict, loss=loss, **spans)
+        return dict(loss=loss, start_logits=start_logits.contiguous(), end_logits=end_logits.contiguous())
 
 
 AUTO_CLASSES = {

@@ -10,21 +10,22 @@ from transformers.modeling_outputs import BaseModelOutput, Seq2SeqLMOutput, Seq2
 from typing_extensions import Unpack
 
 from ..configuration.configuration_swapformer import Seq2SeqConfig
-from .cache_argument import cache_argument, use_cache_unless_checkpointing
 from .decoding_weights import SwapformerGenerationMixin
+from .heads import (
+    PACKING_INPUTS,
+    BaseModelKwargs,
+    HeadKwargs,
+    TaskHead,
+    cache_argument,
+    check_base_inputs,
+    keep_positions,
+    model_output,
+    use_cache_unless_checkpointing,
+)
 from .hf_compat import init
 from .linear import project
 from .losses import check_label_ids, token_cross_entropy
-from .modeling_base import (
-    PACKING_INPUTS,
-    BaseModelKwargs,
-    SwapformerPreTrainedModel,
-    check_base_inputs,
-    finish_output,
-    head_output,
-    keep_positions,
-    takes_base_inputs,
-)
+from .modeling_base import SwapformerPreTrainedModel
 from .packing import find_packed_sequences
 from .seq2seq_stack import Seq2SeqStack, keep_all_encoder_keys
 
@@ -102,7 +103,8 @@ class Seq2SeqModel(Seq2SeqPreTrainedModel):
 
     def run_encoder(self, input_ids, attention_mask, position_ids, inputs_embeds, encoder_outputs, kwargs):
         """The encoder's output (computed, or `encoder_outputs` as given) and its packed sequences,
-        found again from the inputs when the output was given, for cross-attention."""
+        found again from the inputs when the output was given, for cross-attention. kwargs: the
+        encoder's `global_attention_mask` and `BaseModelKwargs`."""
         if attention_mask is not None and attention_mask.dim() == 4:
             raise ValueError(
                 f"attention_mask has shape {tuple(attention_mask.shape)}, but an encoder-decoder's attention_mask also "
@@ -135,8 +137,6 @@ class Seq2SeqModel(Seq2SeqPreTrainedModel):
             keep_all_encoder_keys(cache)
         return cache
 
-    @cache_argument
-    @takes_base_inputs
     def forward(
         self,
         input_ids: torch.Tensor | None = None,
@@ -150,6 +150,7 @@ class Seq2SeqModel(Seq2SeqPreTrainedModel):
         decoder_inputs_embeds: torch.Tensor | None = None,
         use_cache: bool | None = None,
         *,
+        global_attention_mask: torch.Tensor | None = None,
         return_dict: bool | None = None,
         position_ids: torch.Tensor | None = None,
         **kwargs: Unpack[BaseModelKwargs],
@@ -160,15 +161,23 @@ class Seq2SeqModel(Seq2SeqPreTrainedModel):
             decoder_attention_mask: (B, P + T) padding mask of the decoder input.
             encoder_outputs: a previous encoder output, reused instead of running the encoder.
             cache: an `EncoderDecoderCache` (`past_key_values=` and `cache_params=`: deprecated names).
+            global_attention_mask: (B, S_enc), the encoder input's global tokens (sliding_global/bigbird).
             position_ids: (B, S_enc) positions of the encoder input; restarting ones mark packed
                 sequences. Packed decoder inputs (restarting `decoder_position_ids`) pair their n-th
                 sequence with the n-th encoder one.
-            kwargs: `BaseModelKwargs`: the output flags (both halves); global tokens and packed
-                sequences of the encoder input.
+            kwargs: `BaseModelKwargs`: the output flags (both halves); packed sequences of the
+                encoder input.
         """
+        new_tokens = decoder_input_ids if decoder_input_ids is not None else decoder_inputs_embeds
+        cache = cache_argument(self, cache, kwargs, new_tokens)
         check_base_inputs(self, kwargs)
         encoder_outputs, encoder_packing = self.run_encoder(
-            input_ids, attention_mask, position_ids, inputs_embeds, encoder_outputs, kwargs
+            input_ids,
+            attention_mask,
+            position_ids,
+            inputs_embeds,
+            encoder_outputs,
+            dict(kwargs, global_attention_mask=global_attention_mask),
         )
         if decoder_input_ids is None and decoder_inputs_embeds is None:
             raise ValueError(
@@ -198,11 +207,12 @@ class Seq2SeqModel(Seq2SeqPreTrainedModel):
             encoder_hidden_states=encoder_outputs.hidden_states,
             encoder_attentions=encoder_outputs.attentions,
         )
-        return finish_output(self.config, out, return_dict)
+        return model_output(self.config, out, return_dict)
 
 
-class Seq2SeqForConditionalGeneration(Seq2SeqPreTrainedModel, SwapformerGenerationMixin):
+class Seq2SeqForConditionalGeneration(TaskHead, Seq2SeqPreTrainedModel, SwapformerGenerationMixin):
     accepts_loss_kwargs = True
+    output_class = Seq2SeqLMOutput
     _tp_plan = {"lm_head": "colwise_gather_output"}  # with config.base_model_tp_plan
 
     def __init__(self, config: Seq2SeqConfig):
@@ -238,8 +248,6 @@ class Seq2SeqForConditionalGeneration(Seq2SeqPreTrainedModel, SwapformerGenerati
             logits = logits + self.final_logits_bias.to(logits.device)
         return logits
 
-    @cache_argument
-    @takes_base_inputs
     def forward(
         self,
         input_ids: torch.Tensor | None = None,
@@ -255,41 +263,36 @@ class Seq2SeqForConditionalGeneration(Seq2SeqPreTrainedModel, SwapformerGenerati
         use_cache: bool | None = None,
         *,
         logits_to_keep: int | torch.Tensor = 0,
+        global_attention_mask: torch.Tensor | None = None,
         return_dict: bool | None = None,
-        num_items_in_batch: int | torch.Tensor | None = None,
         position_ids: torch.Tensor | None = None,
-        **kwargs: Unpack[BaseModelKwargs],
+        **kwargs: Unpack[HeadKwargs],
     ) -> Seq2SeqLMOutput | tuple:
         """
         Args:
             labels: (B, T) target ids, -100 where no loss is taken. When decoder inputs are not
                 given they are made by shifting the labels right once; the loss compares the logits
                 with the labels as they are (no second shift).
-            kwargs: `BaseModelKwargs`, passed to `Seq2SeqModel`.
+            kwargs: `HeadKwargs` (`num_items_in_batch`); the rest as `Seq2SeqModel.forward`'s.
         """
+        new_tokens = next(
+            (t for t in (decoder_input_ids, decoder_inputs_embeds, labels) if t is not None), None
+        )
+        cache = cache_argument(self, cache, kwargs, new_tokens)
         if labels is not None and decoder_input_ids is None and decoder_inputs_embeds is None:
             check_label_ids(labels, self.config.vocab_size)  # before they become decoder_input_ids
             decoder_input_ids = self.prepare_decoder_input_ids_from_labels(labels)
-        out = self.model(
-            input_ids=input_ids,
-            attention_mask=attention_mask,
-            decoder_input_ids=decoder_input_ids,
-            decoder_attention_mask=decoder_attention_mask,
-            decoder_position_ids=decoder_position_ids,
-            encoder_outputs=encoder_outputs,
-            cache=cache,
-            inputs_embeds=inputs_embeds,
-            decoder_inputs_embeds=decoder_inputs_embeds,
-            use_cache=use_cache,
-            position_ids=position_ids,
-            return_dict=True,
-            **kwargs,
-        )
+        base = (input_ids, attention_mask, decoder_input_ids, decoder_attention_mask, decoder_position_ids)
+        base += (encoder_outputs, cache, inputs_embeds, decoder_inputs_embeds, use_cache)
+        kwargs.update(global_attention_mask=global_attention_mask, position_ids=position_ids)
+        return self.run_head(base, kwargs, return_dict, labels=labels, logits_to_keep=logits_to_keep)
+
+    def head_outputs(self, out, labels, logits_to_keep, num_items_in_batch=None) -> dict:
         logits = self.output_logits(out.last_hidden_state, logits_to_keep)
         loss = None
         if labels is not None:
             loss = token_cross_entropy(logits, labels, shift=False, num_items_in_batch=num_items_in_batch)
-        return head_output(self, Seq2SeqLMOutput, out, return_dict, loss=loss, logits=logits)
+        return dict(loss=loss, logits=logits)
 
 
 AUTO_CLASSES = {

@@ -6,11 +6,9 @@ import torch
 from torch import nn
 from transformers import Cache, DynamicLayer, EncoderDecoderCache
 from transformers.modeling_outputs import BaseModelOutput, BaseModelOutputWithPastAndCrossAttentions
-from typing_extensions import Unpack
 
 from ..configuration.configuration_swapformer import Seq2SeqConfig
-from .cache_argument import cache_argument
-from .modeling_base import BaseModelKwargs, finish_output, stack_inputs, takes_base_inputs
+from .heads import model_output, stack_inputs
 from .packing import PackedSequences
 from .stack import StackMixin
 
@@ -43,8 +41,6 @@ class Seq2SeqStack(StackMixin, nn.Module):
             embed_tokens=embed_tokens,
         )
 
-    @cache_argument
-    @takes_base_inputs
     def forward(
         self,
         input_ids: torch.Tensor | None = None,
@@ -56,12 +52,24 @@ class Seq2SeqStack(StackMixin, nn.Module):
         cache: Cache | None = None,
         return_dict: bool | None = None,
         encoder_packing: PackedSequences | None = None,
-        **inputs: Unpack[BaseModelKwargs],
+        *,
+        global_attention_mask: torch.Tensor | None = None,
+        output_attentions: bool | None = None,
+        output_hidden_states: bool | None = None,
+        cu_seq_lens_q: torch.Tensor | None = None,
+        cu_seq_lens_k: torch.Tensor | None = None,
+        max_length_q: int | None = None,
+        max_length_k: int | None = None,
+        seq_idx: torch.Tensor | None = None,
     ):
-        """inputs: `BaseModelKwargs`; its packed sequences describe this half's input. Not named
-        `kwargs`: generate() hands an encoder whose forward has a parameter `kwargs` every model
-        keyword (labels too), and otherwise only those its signature names.
+        """Every input is a named parameter (no `**kwargs`): generate() hands the encoder half the
+        model keywords its signature names (all of them, labels too, to a forward with `**kwargs`).
+        global_attention_mask, output flags, cu_seq_lens_q, ..., seq_idx: as `BaseModelKwargs`; the
+        packed sequences describe this half's input.
         encoder_packing (decoder half): pairs each packed decoder sequence with its encoder sequence."""
+        inputs = dict(output_attentions=output_attentions, output_hidden_states=output_hidden_states)
+        inputs.update(cu_seq_lens_q=cu_seq_lens_q, cu_seq_lens_k=cu_seq_lens_k, seq_idx=seq_idx)
+        inputs.update(max_length_q=max_length_q, max_length_k=max_length_k)
         if self.is_decoder and encoder_hidden_states is None:
             raise ValueError("The decoder needs encoder_hidden_states (the encoder's last hidden state)")
         h, hidden, attns, cross = self.forward_stack(
@@ -74,7 +82,7 @@ class Seq2SeqStack(StackMixin, nn.Module):
             encoder_attention_mask=encoder_attention_mask,
             input_prefix="decoder_" if self.is_decoder else "",
             encoder_packing=encoder_packing,
-            **stack_inputs(self, inputs),
+            **stack_inputs(self, global_attention_mask, inputs),
         )
         if self.is_decoder:
             out = BaseModelOutputWithPastAndCrossAttentions(
@@ -86,7 +94,7 @@ class Seq2SeqStack(StackMixin, nn.Module):
             )
         else:
             out = BaseModelOutput(last_hidden_state=h, hidden_states=hidden, attentions=attns)
-        return finish_output(self.config, out, return_dict)
+        return model_output(self.config, out, return_dict)
 
 
 __all__ = ["Seq2SeqStack", "keep_all_encoder_keys"]

@@ -11,12 +11,14 @@ as labels.
 from __future__ import annotations
 
 import copy
+import inspect
 import logging
 import os
 import warnings
 
 import pytest
 import torch
+import transformers
 from safetensors.torch import load_file, save_file
 from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM
 from transformers.modeling_utils import slice_logits_to_keep
@@ -305,26 +307,80 @@ def test_misspelt_keyword_is_a_type_error_and_base_inputs_reach_the_base_model(n
     assert max_diff(first(by_bounds), first(whole)) > 1e-3
 
 
-def test_heads_show_the_base_inputs_to_trainer_and_generate():
-    """Trainer keeps only dataset columns named in forward's signature, and generate() refuses keywords
-    it does not name: every head lists the `BaseModelKwargs` names (global_attention_mask, the
-    packing inputs) and its own; the classification heads refuse Trainer's token count."""
-    import inspect
+# {swapformer class: transformers' class of the same family and head}
+COUNTERPARTS = {
+    "EncoderModel": "BertModel",
+    "EncoderForMaskedLM": "BertForMaskedLM",
+    "EncoderForSequenceClassification": "BertForSequenceClassification",
+    "EncoderForTokenClassification": "BertForTokenClassification",
+    "EncoderForQuestionAnswering": "BertForQuestionAnswering",
+    "DecoderModel": "LlamaModel",
+    "DecoderForCausalLM": "LlamaForCausalLM",
+    "DecoderForSequenceClassification": "LlamaForSequenceClassification",
+    "Seq2SeqModel": "BartModel",
+    "Seq2SeqForConditionalGeneration": "BartForConditionalGeneration",
+}
+# BERT's inputs for BERT used as a cross-attending decoder, which swapformer's encoder is not
+NOT_TAKEN = {"encoder_hidden_states", "encoder_attention_mask", "cache", "use_cache"}
 
-    from swapformer.modeling.modeling_base import BaseModelKwargs
 
-    for name, (_, model_class) in ALL_CLASSES.items():
-        params = inspect.signature(model_class.forward).parameters
-        names = set(params)
-        assert BaseModelKwargs.__optional_keys__ <= names, name
-        assert all(params[k].default is None for k in BaseModelKwargs.__optional_keys__), name
-        assert {"input_ids", "attention_mask", "return_dict"} <= names, name
-    for model_class in (
+def named_parameters(forward, kind=None) -> list[str]:
+    params = list(inspect.signature(forward).parameters.values())[1:]  # without self
+    return [p.name for p in params if p.kind is not p.VAR_KEYWORD and (kind is None or p.kind is kind)]
+
+
+@pytest.mark.parametrize("name", list(COUNTERPARTS))
+def test_forward_takes_the_parameters_of_its_transformers_counterpart(name):
+    """Every named parameter of transformers' head of the same family (BERT, Llama, BART) is a named
+    parameter of swapformer's, in transformers' positional order for BERT and Llama (positional callers
+    get the same meaning); swapformer's own input `global_attention_mask` is named too (Trainer keeps
+    only the dataset columns forward names, generate() refuses keywords it neither names nor knows),
+    and the other base-model keywords are names transformers' generate() accepts by itself
+    (`TransformersKwargs`). The signature is the function's own, not one a decorator wrote."""
+    from transformers.utils.generic import TransformersKwargs
+
+    from swapformer.modeling.heads import HeadKwargs
+
+    ours = ALL_CLASSES[name][1].forward
+    theirs = getattr(transformers, COUNTERPARTS[name]).forward
+    expected = [n for n in named_parameters(theirs) if not (name.startswith("Encoder") and n in NOT_TAKEN)]
+    assert set(expected) <= set(named_parameters(ours)), sorted(set(expected) - set(named_parameters(ours)))
+    if not name.startswith("Seq2Seq"):  # swapformer's seq2seq has decoder_position_ids 5th, BART has none
+        positional = named_parameters(ours, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+        assert positional[: len(expected)] == expected
+    params = inspect.signature(ours).parameters
+    assert params["global_attention_mask"].kind is inspect.Parameter.KEYWORD_ONLY
+    assert params["global_attention_mask"].default is None
+    assert HeadKwargs.__optional_keys__ <= TransformersKwargs.__optional_keys__
+    assert not hasattr(ours, "__wrapped__") and not hasattr(ours, "__signature__")
+
+
+def test_encoder_half_names_every_base_input_for_generate():
+    """generate() hands an encoder-decoder's encoder only the model keywords its forward names (when it
+    has no `**kwargs`): the encoder half names global tokens, packing inputs and output flags."""
+    from swapformer.modeling.heads import BaseModelKwargs
+    from swapformer.modeling.seq2seq_stack import Seq2SeqStack
+
+    names = set(named_parameters(Seq2SeqStack.forward))
+    assert BaseModelKwargs.__optional_keys__ | {"global_attention_mask", "attention_mask"} <= names
+
+
+@pytest.mark.parametrize(
+    "model_class",
+    [
         swapformer.EncoderForSequenceClassification,
         swapformer.EncoderForQuestionAnswering,
         swapformer.DecoderForSequenceClassification,
-    ):
-        assert model_class.accepts_loss_kwargs is False
+    ],
+)
+def test_heads_with_a_mean_loss_refuse_trainer_token_count(model_class):
+    """Their loss is a mean over sequences: Trainer must not pass `num_items_in_batch`, and a caller
+    who does gets a TypeError naming it."""
+    assert model_class.accepts_loss_kwargs is False
+    model = build(model_class, tiny_config("decoder" if "Decoder" in model_class.__name__ else "encoder"))
+    ids, mask = padded_batch()
+    with torch.no_grad(), pytest.raises(TypeError, match="num_items_in_batch"):
+        model(input_ids=ids, attention_mask=mask, num_items_in_batch=4)
 
 
 # Loss keyword arguments (item 9) -----------------------------------------------------------------
