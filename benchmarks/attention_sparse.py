@@ -37,14 +37,12 @@ import argparse
 import contextlib
 import dataclasses
 import json
-import os
 import resource
 import statistics
 import subprocess
-import sys
 
 import torch
-from measure import interleaved, peak_extra_mib, timed
+from measure import interleaved, json_from_child, peak_extra_mib, timed
 from transformers import LongformerConfig, LongformerModel
 
 import swapformer
@@ -172,12 +170,7 @@ def cases(sizes):
 
 def memory_child(sizes) -> dict:
     """Peak extra memory of every case, measured in a child process with eager freeing (see top)."""
-    env = dict(os.environ, MALLOC_MMAP_THRESHOLD_="65536")
-    cmd = [sys.executable, __file__, "--memory-child", ",".join(map(str, sizes))]
-    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=3600)
-    if done.returncode != 0:
-        raise RuntimeError(done.stderr[-2000:])
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    return json_from_child(__file__, "--memory-child", ",".join(map(str, sizes)))
 
 
 def measure_memory(sizes) -> None:
@@ -450,12 +443,7 @@ def encoder_pair(rounds: int) -> dict:
 
 def encoder_child(rounds: int) -> dict:
     """`encoder_pair` in a child process whose glibc keeps freed memory (KEEP_FREED)."""
-    env = dict(os.environ, GLIBC_TUNABLES=KEEP_FREED)
-    cmd = [sys.executable, __file__, "--encoder-child", str(rounds)]
-    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=3600)
-    if done.returncode != 0:
-        raise RuntimeError(done.stderr[-2000:])
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    return json_from_child(__file__, "--encoder-child", str(rounds), env={"GLIBC_TUNABLES": KEEP_FREED})
 
 
 def torch_path_core(module, q, k, v, layout):

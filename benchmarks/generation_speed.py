@@ -30,13 +30,10 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import os
-import subprocess
-import sys
 import time
 
 import torch
-from measure import interleaved, machine, peak_extra_mib, timed
+from measure import interleaved, json_from_child, machine, peak_extra_mib, timed
 from transformers import (
     BartConfig,
     BartForConditionalGeneration,
@@ -158,13 +155,7 @@ def memory_bandwidth_gbs() -> float:
 
 
 def memory_child() -> dict:
-    env = dict(os.environ, MALLOC_MMAP_THRESHOLD_="65536")
-    done = subprocess.run(
-        [sys.executable, __file__, "--memory-child"], env=env, capture_output=True, text=True, timeout=3600
-    )
-    if done.returncode != 0:
-        raise RuntimeError(done.stderr[-2000:])
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    return json_from_child(__file__, "--memory-child")
 
 
 def measure_memory():

@@ -22,12 +22,9 @@ from __future__ import annotations
 import argparse
 import copy
 import json
-import os
-import subprocess
-import sys
 
 import torch
-from measure import interleaved, machine, peak_extra_mib
+from measure import interleaved, json_from_child, machine, peak_extra_mib
 
 import swapformer
 
@@ -81,18 +78,8 @@ def times(sizes, rounds: int, **build) -> dict:
 
 def memory_child(sizes, **build) -> dict:
     """{(n, variant, backend): peak extra MiB}, measured in a child process (see the top)."""
-    env = dict(os.environ, MALLOC_MMAP_THRESHOLD_="65536")
     arg = json.dumps({"sizes": list(sizes), **build})
-    done = subprocess.run(
-        [sys.executable, __file__, "--memory-child", arg],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=1800,
-    )
-    if done.returncode != 0:
-        raise RuntimeError(done.stderr[-3000:])
-    rows = json.loads(done.stdout.strip().splitlines()[-1])
+    rows = json_from_child(__file__, "--memory-child", arg, timeout=1800)
     return {(r[0], r[1], r[2]): r[3] for r in rows}
 
 

@@ -1,10 +1,17 @@
-"""Measurement helpers shared by the benchmarks: best-of timing, peak resident memory, the machine."""
+"""Measurement helpers shared by the benchmarks: best-of timing, peak resident memory (in a child process),
+the machine."""
 
 from __future__ import annotations
 
 import gc
+import json
 import os
+import subprocess
+import sys
 import time
+
+# freed buffers go back to the system at once, so `peak_extra_mib` sees each new one
+EAGER_FREE = {"MALLOC_MMAP_THRESHOLD_": "65536"}
 
 
 def status_kib(field: str) -> int:
@@ -25,6 +32,23 @@ def peak_extra_mib(fn) -> float:
     peak = status_kib("VmHWM")
     del result
     return (peak - before) / 1024
+
+
+def json_from_child(script: str, *args: str, env: dict | None = None, timeout: float = 3600):
+    """Run `python script *args` in a child process whose environment adds `env` (default EAGER_FREE) and
+    return what the child printed as JSON on its last line. Raises RuntimeError with the end of the
+    child's stderr when it fails."""
+    extra = EAGER_FREE if env is None else env
+    done = subprocess.run(
+        [sys.executable, script, *args],
+        env={**os.environ, **extra},
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+    if done.returncode != 0:
+        raise RuntimeError(done.stderr[-3000:])
+    return json.loads(done.stdout.strip().splitlines()[-1])
 
 
 def best_of(fn, repeats: int, budget: float) -> float:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import time
 
+import pytest
+
 from conftest import load_benchmark
 
 measure = load_benchmark("measure")
@@ -41,3 +43,31 @@ def test_interleaved_round_s_repeats_fast_calls_within_their_turn():
     assert len(slow_calls) == 1 + 3
     assert {name: len(t) for name, t in times.items()} == {"fast": 3, "slow": 3}
     assert best == {name: min(t) for name, t in times.items()}
+
+
+CHILD = """import json, os, sys
+print("a line before the result")
+print(json.dumps({"args": sys.argv[1:], "env": {k: os.environ.get(k) for k in ("MALLOC_MMAP_THRESHOLD_", "GLIBC_TUNABLES")}}))
+"""
+
+
+def test_json_from_child_runs_the_script_with_the_memory_environment_and_reads_its_last_line(
+    tmp_path, monkeypatch
+):
+    """The benchmarks' memory children: the child's own report of its arguments and environment is
+    what comes back; eager freeing is the default environment, another replaces it; a failing child
+    raises with its stderr."""
+    for name in ("MALLOC_MMAP_THRESHOLD_", "GLIBC_TUNABLES"):
+        monkeypatch.delenv(name, raising=False)
+    script = tmp_path / "child.py"
+    script.write_text(CHILD)
+    got = measure.json_from_child(str(script), "--memory-child", "64,128")
+    assert got == {
+        "args": ["--memory-child", "64,128"],
+        "env": {**measure.EAGER_FREE, "GLIBC_TUNABLES": None},
+    }
+    got = measure.json_from_child(str(script), env={"GLIBC_TUNABLES": "glibc.malloc.trim_threshold=1"})
+    assert got["env"] == {"MALLOC_MMAP_THRESHOLD_": None, "GLIBC_TUNABLES": "glibc.malloc.trim_threshold=1"}
+    script.write_text("import sys\nsys.exit('the child failed: no such size')\n")
+    with pytest.raises(RuntimeError, match="the child failed: no such size"):
+        measure.json_from_child(str(script))
