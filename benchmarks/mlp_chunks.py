@@ -27,7 +27,7 @@ from measure import interleaved, machine
 from torch import nn
 
 import swapformer
-from swapformer.modeling import layers
+from swapformer.modeling import layers, linear
 
 
 class Wrapped(nn.Module):
@@ -66,14 +66,14 @@ def main():
         if getattr(wrapped, name) is not None:
             setattr(wrapped, name, Wrapped(getattr(wrapped, name)))
     x = torch.randn(1, args.tokens, config.hidden_size)
-    chunk_bytes = layers.MLP_CHUNK_BYTES
+    chunk_bytes = linear.MLP_CHUNK_BYTES
 
     def one_pass():
-        layers.MLP_CHUNK_BYTES = 2**62
+        linear.MLP_CHUNK_BYTES = 2**62
         try:
             return plain(x)
         finally:
-            layers.MLP_CHUNK_BYTES = chunk_bytes
+            linear.MLP_CHUNK_BYTES = chunk_bytes
 
     fns = {
         "one pass": one_pass,

@@ -28,7 +28,6 @@ from torch import nn
 from ..configuration.backends import check_backend_available, check_backend_for_forward, compiles
 from .lowering import lower
 from .masks import AttentionPattern
-from .sinks import sink_probabilities
 
 
 def repeat_kv(x: torch.Tensor, groups: int) -> torch.Tensor:
@@ -68,6 +67,13 @@ def attention_probabilities(
     has_key = scores.amax(dim=-1, keepdim=True) > finite
     probs = torch.softmax(scores.clamp(min=finite), dim=-1)
     return probs * has_key
+
+
+def sink_probabilities(scores: torch.Tensor, sinks: torch.Tensor) -> torch.Tensor:
+    """softmax over `scores` (B, H, T, S) (fp32, -inf where masked) and one sink logit per head, the
+    sink's column dropped: rows sum to less than 1; a row with no key is all zeros."""
+    column = sinks.float().view(1, -1, 1, 1).expand(scores.shape[0], -1, scores.shape[2], 1)
+    return torch.softmax(torch.cat([scores, column], dim=-1), dim=-1)[..., :-1]
 
 
 def attention_weights(
@@ -207,8 +213,8 @@ def sdpa_attention(module, query, key, value, mask, scaling, dropout):
 
 def run_planned(module, plan, q, k, v, attention_mask, output_attentions: bool, fn=None, **kwargs):
     """The attention of `module` through its `LayerPlan`'s backend function (or `fn`, a wrapper of it):
-    (output (B, T, H, D), the probabilities when `output_attentions`, recomputed for this layer where
-    the kernel returns none)."""
+    (output (B, T, H, D), the probabilities when `output_attentions`, recomputed from the pattern
+    where the kernel returns none)."""
     out, weights = call_attention(
         plan.attention_fn if fn is None else fn,
         plan.backend,
@@ -223,8 +229,6 @@ def run_planned(module, plan, q, k, v, attention_mask, output_attentions: bool, 
         **kwargs,
         **plan.kernel_kwargs,
     )
-    if output_attentions and weights is None and plan.linformer is not None:  # over the projected rows
-        weights = attention_probabilities(module, q, k, None, module.scaling).to(q.dtype)
-    elif output_attentions and weights is None:
+    if output_attentions and weights is None:
         weights = attention_weights(module, q, k, plan.pattern, module.scaling).to(q.dtype)
     return out, weights

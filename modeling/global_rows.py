@@ -11,14 +11,33 @@ import torch
 from torch import nn
 
 from .attention import attention_probabilities, repeat_kv
+from .layers import Attention
 from .linear import project
 from .masks import AttentionPattern
 from .positions import apply_rope
 
 
+class GlobalProjectionAttention(Attention):
+    """Self-attention of a bidirectional layer with global tokens under `config.global_projections`:
+    the global tokens' query rows are attended through their own projections (`global_rows`)."""
+
+    def __init__(self, config, layer_idx: int, *, is_causal: bool, layer_type: str = "full_attention"):
+        super().__init__(config, layer_idx, is_causal=is_causal, layer_type=layer_type)
+        e, d, bias = config.hidden_size, config.head_dim, config.attention_bias
+        self.q_global_proj = nn.Linear(e, self.num_heads * d, bias=bias)
+        self.k_global_proj = nn.Linear(e, self.num_key_value_heads * d, bias=bias)
+        self.v_global_proj = nn.Linear(e, self.num_key_value_heads * d, bias=bias)
+
+    def attend(self, hidden_states, q, k, v, attention_mask, plan, output_attentions: bool):
+        out, weights = super().attend(hidden_states, q, k, v, attention_mask, plan, output_attentions)
+        if plan.pattern.global_queries is None:
+            return out, weights
+        return global_rows(self, hidden_states, out, weights, plan.pattern, plan.rope)
+
+
 def global_rows(attn: nn.Module, hidden_states, out, weights, pattern: AttentionPattern, rope):
     """Replace the rows of the global queries in `out` (B, T, H, D), and in `weights` (B, H, T, S)
-    when given, by attention through the global projections of `attn` (a layers.Attention).
+    when given, by attention through the global projections of `attn` (a `GlobalProjectionAttention`).
 
     Computed here, outside the backend, as a small dense attention of the R gathered global rows
     over all S keys (O(R * S)), with eager's math: the same on every backend. The backend got a

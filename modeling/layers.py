@@ -1,4 +1,4 @@
-"""The blocks every swapformer architecture is made of.
+"""The blocks every swapformer architecture is made of: norms, MLP, attention, block.
 
 Shape legend: B batch, T query length, S key length, E hidden size, H query heads, K key/value
 heads, D head dim.
@@ -6,29 +6,29 @@ heads, D head dim.
 The encoder, the decoder and both halves of the encoder-decoder are the same stack (stack.py) of the
 same `Block`s with two switches: causal self-attention, and cross-attention. The stack makes the
 forward's plan (plan.py); a block's attention projects, rotates, appends to the cache and calls the
-attention function its `LayerPlan` holds, with the mask lowered for it.
+attention function its `LayerPlan` holds, with the mask lowered for it. Variants subclass `Attention`
+in their own modules and are chosen once, when the stack is built (stack.attention_class): streaming
+sinks (sinks.py), Longformer's global projections (global_rows.py), Linformer (linformer.py);
+multi-head latent attention (mla.py) subclasses `AttentionBase`. Learned sinks are a parameter and
+the backend call that folds them in (sinks.run_with_sinks), chosen in `Attention.__init__`.
 """
 
 from __future__ import annotations
 
-from functools import partial
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
 from transformers import GradientCheckpointingLayer
 
-from ..configuration.backends import LAYER_TYPE_PATTERN
-from ..configuration.configuration_swapformer import GLOBAL_KINDS
 from .attention import run_planned
-from .global_rows import global_rows
 from .hf_compat import ACT2FN
-from .linear import cpu_linear_route, onednn_applies, plain_linear, project
-from .mla import LatentAttention
-from .plan import LayerPlan
+from .linear import IN_PLACE, cpu_linear_route, cpu_mlp, project
 from .positions import apply_rope
-from .sinks import NATIVE as NATIVE_SINKS
-from .sinks import attend_with_sinks, shift_sinks
-from .torch_compat import module_hooked
+from .sinks import run_with_sinks
+
+if TYPE_CHECKING:
+    from .plan import LayerPlan
 
 # Norms ---------------------------------------------------------------------------------------------
 
@@ -59,25 +59,6 @@ def make_norm(config) -> nn.Module:
 # MLP -----------------------------------------------------------------------------------------------
 
 
-# In-place forms of activations whose output may overwrite their input when no gradient is taken.
-_IN_PLACE = {
-    "gelu": torch.ops.aten.gelu_,
-    "relu": torch.relu_,
-    "silu": lambda x: nn.functional.silu(x, inplace=True),
-}
-
-# Without gradients the MLP runs this many bytes of intermediate activations at a time: glibc hands
-# larger blocks out as fresh mappings, so a whole (T, intermediate) activation page-faults and is
-# zero-filled by the kernel on every layer (measured: about as long as the GELU itself, and not spread
-# over threads). The chunks are equal, and plain `nn.Linear` projections on torch's route write into
-# buffers allocated once per call and reused by every chunk: fresh chunk-sized outputs fault too
-# whenever glibc has trimmed its heap (a gated BERT-base MLP at 4096 tokens: 36,737 faults per call
-# against 5,124, 9% slower; benchmarks/mlp_chunks.py). On the oneDNN route (linear.py), whose op takes
-# no output buffer, each chunk calls the projections through `project`. A model with forward hooks on
-# its projections runs the MLP in one plain pass, so hooks see one call with the whole output.
-MLP_CHUNK_BYTES = 16 * 2**20
-
-
 class MLP(nn.Module):
     """up -> act -> down, or act(gate) * up -> down when `mlp_type="gated"` (SwiGLU, GeGLU:
     https://arxiv.org/abs/2002.05202)."""
@@ -89,64 +70,14 @@ class MLP(nn.Module):
         self.up_proj = nn.Linear(e, f, bias=bias)
         self.down_proj = nn.Linear(f, e, bias=bias)
         self.act_fn = ACT2FN[config.hidden_act]
-        self.act_in_place = _IN_PLACE.get(config.hidden_act)
+        self.act_in_place = IN_PLACE.get(config.hidden_act)  # used by the CPU route without gradients
         self.dropout = nn.Dropout(config.activation_dropout)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if (
-            torch.is_grad_enabled()
-            or type(x) is not torch.Tensor
-            or torch.compiler.is_compiling()
-            or self._hooked()
-        ):
-            return self._forward(x, self.act_fn)
-        act = self.act_in_place or self.act_fn
-        rows, width = x.numel() // x.shape[-1], self.up_proj.out_features
-        chunks = -(-rows * width * x.element_size() // MLP_CHUNK_BYTES)
-        if chunks <= 1:
-            return self._forward(x, act)
-        step = -(-rows // chunks)
-        flat = x.reshape(rows, x.shape[-1])
-        if not self._plain(x) or onednn_applies(flat, self.up_proj.weight, self.up_proj.bias):
-            # a wrapped or quantized projection, or the oneDNN route (whose op takes no output buffer;
-            # measured faster this way than one pass): called as a module, each chunk's output copied
-            out = None
-            for i in range(0, rows, step):
-                part = self._forward(flat[i : i + step], act)
-                out = part.new_empty(rows, part.shape[-1]) if out is None else out
-                out[i : i + step] = part
-            return out.view(*x.shape[:-1], out.shape[-1])
-        out = flat.new_empty(rows, self.down_proj.out_features)
-        up = flat.new_empty(step, width)
-        gate = None if self.gate_proj is None else flat.new_empty(step, width)
-        for i in range(0, rows, step):
-            part = flat[i : i + step]
-            h = _linear_into(self.up_proj, part, up[: len(part)])
-            if gate is not None:
-                h = act(_linear_into(self.gate_proj, part, gate[: len(part)])).mul_(h)
-            else:
-                h = act(h)
-            _linear_into(self.down_proj, self.dropout(h), out[i : i + step])
-        return out.view(*x.shape[:-1], out.shape[-1])
+        # `compute(x, self.act_fn)`, in row chunks where no gradient is taken (linear.cpu_mlp)
+        return cpu_mlp(self, x)
 
-    def _projections(self) -> list[nn.Module]:
-        return [p for p in (self.gate_proj, self.up_proj, self.down_proj) if p is not None]
-
-    def _plain(self, x: torch.Tensor) -> bool:
-        """Whether every projection is a plain `nn.Linear` (linear.plain_linear) with plain weights of
-        x's dtype, so its output can be written into a given buffer (not a PEFT wrapper, a quantized
-        weight, an offloaded one, autocast)."""
-        return not torch.is_autocast_enabled(x.device.type) and all(
-            plain_linear(p) and all(type(t) is nn.Parameter and t.dtype == x.dtype for t in p.parameters())
-            for p in self._projections()
-        )
-
-    def _hooked(self) -> bool:
-        """Whether a forward hook watches a projection (it might keep an output the in-place activation
-        would overwrite, and expects one call per forward): then the MLP runs as one plain pass."""
-        return any(module_hooked(p) for p in self._projections())
-
-    def _forward(self, x: torch.Tensor, act) -> torch.Tensor:
+    def compute(self, x: torch.Tensor, act) -> torch.Tensor:
         if self.gate_proj is None:
             h = act(project(self.up_proj, x))
         else:
@@ -154,36 +85,20 @@ class MLP(nn.Module):
         return project(self.down_proj, self.dropout(h))
 
 
-def _linear_into(linear: nn.Linear, x: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
-    """`linear(x)` written into `out`."""
-    if linear.bias is None:
-        return torch.mm(x, linear.weight.t(), out=out)
-    return torch.addmm(linear.bias, x, linear.weight.t(), out=out)
-
-
 # Attention -----------------------------------------------------------------------------------------
 
 
-class Attention(nn.Module):
-    """Multi-head attention with MHA/GQA/MQA, optional RoPE, KV cache and cross-attention."""
+class AttentionBase(nn.Module):
+    """What every attention layer shares: its place, its head counts and the call of the plan's
+    backend function (`attend`). Subclasses make the projections and the forward."""
 
-    def __init__(
-        self,
-        config,
-        layer_idx: int,
-        *,
-        is_causal: bool,
-        layer_type: str = "full_attention",
-        is_cross_attention: bool = False,
-    ):
+    def __init__(self, config, layer_idx: int, *, is_causal: bool, layer_type: str, windowed: bool):
         super().__init__()
         self.config = config
         self.layer_idx = layer_idx
         self.is_causal = is_causal
-        self.is_cross_attention = is_cross_attention
         # The layer type picks the backend under a per-layer mapping; cross-attention follows its block.
         self.layer_type = layer_type
-        windowed = layer_type != "full_attention" and not is_cross_attention
         self.sliding_window = config.sliding_window if windowed else None
         self.num_heads = config.num_attention_heads
         self.num_key_value_heads = config.num_key_value_heads
@@ -191,36 +106,43 @@ class Attention(nn.Module):
         self.head_dim = config.head_dim
         self.scaling = config.effective_attention_scale
         self.attention_dropout = config.attention_dropout
+        self.sinks = None  # gpt-oss's learned sinks (Attention), read by eager's softmax
+        self.call_backend = run_planned  # or, with learned sinks, the kernels' form (sinks.py)
+
+    def attend(self, hidden_states, q, k, v, attention_mask, plan: LayerPlan, output_attentions: bool):
+        """(B, T, H, D) attention output of q (B, H, T, D) over k, v (B, K, S, D), and the weights
+        (B, H, T, S) when asked. `hidden_states` is for the variants that need it (global_rows.py)."""
+        return self.call_backend(
+            self, plan, q, k, v, attention_mask, output_attentions, sliding_window=self.sliding_window
+        )
+
+
+class Attention(AttentionBase):
+    """Multi-head self-attention with MHA/GQA/MQA, optional RoPE and a KV cache."""
+
+    is_cross_attention = False
+
+    def __init__(self, config, layer_idx: int, *, is_causal: bool, layer_type: str = "full_attention"):
+        windowed = layer_type != "full_attention" and not self.is_cross_attention
+        super().__init__(config, layer_idx, is_causal=is_causal, layer_type=layer_type, windowed=windowed)
         e, d, bias = config.hidden_size, config.head_dim, config.attention_bias
         self.q_proj = nn.Linear(e, self.num_heads * d, bias=bias)
         self.k_proj = nn.Linear(e, self.num_key_value_heads * d, bias=bias)
         self.v_proj = nn.Linear(e, self.num_key_value_heads * d, bias=bias)
         self.o_proj = nn.Linear(self.num_heads * d, e, bias=bias)
-        # Longformer's query_global/key_global/value_global: the global tokens' own projections
-        # (config.global_projections; bidirectional layers with global tokens only, checked by the config)
-        self.global_projections = (
-            config.global_projections
-            and LAYER_TYPE_PATTERN[layer_type] in GLOBAL_KINDS
-            and not is_cross_attention
-            and not is_causal
-        )
-        # gpt-oss's learned sinks (sinks.py): one logit per query head, self-attention only
-        self.sinks = (
-            nn.Parameter(torch.zeros(self.num_heads))
-            if config.attention_sinks and not is_cross_attention
-            else None
-        )
-        if self.global_projections:
-            self.q_global_proj = nn.Linear(e, self.num_heads * d, bias=bias)
-            self.k_global_proj = nn.Linear(e, self.num_key_value_heads * d, bias=bias)
-            self.v_global_proj = nn.Linear(e, self.num_key_value_heads * d, bias=bias)
+        if config.attention_sinks and not self.is_cross_attention:
+            # gpt-oss's learned sinks: one logit per query head; kernels take them as one extra key
+            self.sinks = nn.Parameter(torch.zeros(self.num_heads))
+            self.call_backend = run_with_sinks
 
-    def _project_kv(self, x: torch.Tensor):
-        b, s, _ = x.shape
-        # -1 heads: under tensor parallelism (config.base_model_tp_plan) each rank holds a share of them
-        k = project(self.k_proj, x).view(b, s, -1, self.head_dim).transpose(1, 2)  # (B, K, S, D)
-        v = project(self.v_proj, x).view(b, s, -1, self.head_dim).transpose(1, 2)
-        return k, v
+    def heads(self, proj: nn.Linear, x: torch.Tensor) -> torch.Tensor:
+        """(B, T, E) -> (B, heads, T, D) through `proj`. -1 heads: under tensor parallelism
+        (config.base_model_tp_plan) each rank holds a share of them."""
+        b, t, _ = x.shape
+        return project(proj, x).view(b, t, -1, self.head_dim).transpose(1, 2)
+
+    def project_kv(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.heads(self.k_proj, x), self.heads(self.v_proj, x)  # (B, K, T, D)
 
     def forward(
         self,
@@ -228,38 +150,44 @@ class Attention(nn.Module):
         attention_mask,
         *,
         plan: LayerPlan,
-        key_value_states: torch.Tensor | None = None,
         output_attentions: bool = False,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """
         Args:
             hidden_states: (B, T, E).
-            attention_mask: `plan.mask`, handed over as an argument of the block (see Block.forward).
+            attention_mask: the mask the plan lowered for this layer type's backend (see Block.forward).
             plan: this layer type's plan for this forward (plan.py).
-            key_value_states: (B, S, E) encoder output, for cross-attention.
         """
         b, t, _ = hidden_states.shape
-        q = project(self.q_proj, hidden_states).view(b, t, -1, self.head_dim).transpose(1, 2)  # (B, H, T, D)
-        if self.is_cross_attention:
-            k, v = plan.cache.cross_keys_values(self.layer_idx, lambda: self._project_kv(key_value_states))
-        else:
-            k, v = self._project_kv(hidden_states)
-            if plan.rope is not None:
-                q, k = apply_rope(q, *plan.rope), apply_rope(k, *plan.rope)
-            k, v = plan.cache.append(k, v, self.layer_idx)
-            if plan.linformer is not None:  # Linformer: (B, K, S, D) -> (B, K, linformer_k, D); mask is None
-                k, v = plan.linformer.project(self.layer_idx, k, v, plan.pattern)
-            if plan.sink_shift is not None:  # streaming sinks at their positions within the cache
-                k = shift_sinks(k, plan.pattern.key_prefix, *plan.sink_shift)
+        q = self.heads(self.q_proj, hidden_states)  # (B, H, T, D)
+        k, v = self.project_kv(hidden_states)  # (B, K, T, D)
+        if plan.rope is not None:
+            q, k = apply_rope(q, *plan.rope), apply_rope(k, *plan.rope)
+        k, v = plan.cache.append(k, v, self.layer_idx)  # (B, K, S, D), the cached keys first
+        out, weights = self.attend(hidden_states, q, k, v, attention_mask, plan, output_attentions)
+        out = project(self.o_proj, out.reshape(b, t, -1))  # (B, T, E)
+        return out, (weights if output_attentions else None)
 
-        fn = None  # the plan's function, or a kernel's with the learned sinks folded in as one extra key
-        if self.sinks is not None and plan.backend not in NATIVE_SINKS:
-            fn = partial(attend_with_sinks, plan.attention_fn, pattern=plan.pattern)
-        out, weights = run_planned(
-            self, plan, q, k, v, attention_mask, output_attentions, fn=fn, sliding_window=self.sliding_window
-        )
-        if self.global_projections and plan.pattern.global_queries is not None:
-            out, weights = global_rows(self, hidden_states, out, weights, plan.pattern, plan.rope)
+
+class CrossAttention(Attention):
+    """Attention of the decoder's queries over the encoder's output (kept in the cache once made)."""
+
+    is_cross_attention = True
+
+    def forward(
+        self,
+        hidden_states: torch.Tensor,
+        attention_mask,
+        *,
+        plan: LayerPlan,
+        key_value_states: torch.Tensor,
+        output_attentions: bool = False,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """As `Attention.forward`, keys and values from `key_value_states` (B, S, E), no positions."""
+        b, t, _ = hidden_states.shape
+        q = self.heads(self.q_proj, hidden_states)  # (B, H, T, D)
+        k, v = plan.cache.cross_keys_values(self.layer_idx, lambda: self.project_kv(key_value_states))
+        out, weights = self.attend(hidden_states, q, k, v, attention_mask, plan, output_attentions)
         out = project(self.o_proj, out.reshape(b, t, -1))  # (B, T, E)
         return out, (weights if output_attentions else None)
 
@@ -268,7 +196,8 @@ class Attention(nn.Module):
 
 
 class Block(GradientCheckpointingLayer):
-    """Self-attention, optional cross-attention, MLP; each a residual branch, pre- or post-norm."""
+    """Self-attention, optional cross-attention, MLP; each a residual branch, pre- or post-norm.
+    `attention` is the self-attention class the stack chose for this layer (stack.attention_class)."""
 
     def __init__(
         self,
@@ -278,17 +207,16 @@ class Block(GradientCheckpointingLayer):
         is_causal: bool,
         cross_attention: bool,
         layer_type: str = "full_attention",
+        attention: type[AttentionBase] = Attention,
     ):
         super().__init__()
         cpu_linear_route()  # a wrong SWAPFORMER_CPU_LINEAR fails when the model is built
         self.pre_norm = config.pre_norm
         self.layer_type = layer_type
-        # multi-head latent attention (mla.py) when a decoder config sets kv_lora_rank
-        attention = LatentAttention if getattr(config, "kv_lora_rank", None) is not None else Attention
         self.self_attn = attention(config, layer_idx, is_causal=is_causal, layer_type=layer_type)
         self.self_attn_norm = make_norm(config)
         self.cross_attn = (
-            Attention(config, layer_idx, is_causal=False, layer_type=layer_type, is_cross_attention=True)
+            CrossAttention(config, layer_idx, is_causal=False, layer_type=layer_type)
             if cross_attention
             else None
         )
@@ -296,14 +224,6 @@ class Block(GradientCheckpointingLayer):
         self.mlp = MLP(config)
         self.mlp_norm = make_norm(config)
         self.dropout = nn.Dropout(config.hidden_dropout)
-
-    def _residual(self, h, norm, branch):
-        """h + branch(norm(h)) when pre-norm, norm(h + branch(h)) when post-norm."""
-        if self.pre_norm:
-            out, weights = branch(norm(h))
-            return h + self.dropout(out), weights
-        out, weights = branch(h)
-        return norm(h + self.dropout(out)), weights
 
     def forward(
         self,
@@ -316,26 +236,30 @@ class Block(GradientCheckpointingLayer):
         cross_plan: LayerPlan | None = None,
         output_attentions: bool = False,
     ):
-        """`attention_mask` and `encoder_attention_mask` are `plan.mask` and `cross_plan.mask`, passed
-        positionally with the hidden states: a trained position bias (T5) is in the mask, and activation
-        checkpointing tracks the gradients of positional tensors only."""
-        h, self_weights = self._residual(
-            hidden_states,
-            self.self_attn_norm,
-            lambda x: self.self_attn(x, attention_mask, plan=plan, output_attentions=output_attentions),
-        )
+        """`attention_mask` and `encoder_attention_mask` are the masks the plan lowered for this layer
+        (`ForwardPlan.masks`), as transformers' layers take theirs; positional, because a trained
+        position bias (T5) is in them and reentrant activation checkpointing tracks the gradients of
+        positional tensors only. Pre-norm: h + f(norm(h)); post-norm (BERT): norm(h + f(h))."""
+        h = hidden_states
+        x = self.self_attn_norm(h) if self.pre_norm else h
+        out, self_weights = self.self_attn(x, attention_mask, plan=plan, output_attentions=output_attentions)
+        h = self.add(h, out, self.self_attn_norm)
         cross_weights = None
         if self.cross_attn is not None:
-            h, cross_weights = self._residual(
-                h,
-                self.cross_attn_norm,
-                lambda x: self.cross_attn(
-                    x,
-                    encoder_attention_mask,
-                    plan=cross_plan,
-                    key_value_states=encoder_hidden_states,
-                    output_attentions=output_attentions,
-                ),
+            x = self.cross_attn_norm(h) if self.pre_norm else h
+            out, cross_weights = self.cross_attn(
+                x,
+                encoder_attention_mask,
+                plan=cross_plan,
+                key_value_states=encoder_hidden_states,
+                output_attentions=output_attentions,
             )
-        h, _ = self._residual(h, self.mlp_norm, lambda x: (self.mlp(x), None))
+            h = self.add(h, out, self.cross_attn_norm)
+        x = self.mlp_norm(h) if self.pre_norm else h
+        h = self.add(h, self.mlp(x), self.mlp_norm)
         return h, self_weights, cross_weights
+
+    def add(self, h: torch.Tensor, branch: torch.Tensor, norm: nn.Module) -> torch.Tensor:
+        """The residual sum, normed after it when post-norm."""
+        h = h + self.dropout(branch)
+        return h if self.pre_norm else norm(h)

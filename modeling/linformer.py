@@ -22,7 +22,9 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from .attention import attention_probabilities
 from .hf_compat import init
+from .layers import Attention
 
 
 class LinformerProjections(nn.Module):
@@ -77,3 +79,15 @@ class LinformerProjections(nn.Module):
         e, f = self.matrices(layer_idx)
         e, f = e[:, :t].to(key.dtype), f[:, :t].to(value.dtype)
         return torch.matmul(e, key), torch.matmul(f, value)  # (R, T) @ (B, K, T, D) -> (B, K, R, D)
+
+
+class LinformerAttention(Attention):
+    """Self-attention over keys and values projected by the stack's E and F (`plan.linformer`), after
+    the cache and before the backend, which attends to the projected rows without a mask."""
+
+    def attend(self, hidden_states, q, k, v, attention_mask, plan, output_attentions: bool):
+        k, v = plan.linformer.project(self.layer_idx, k, v, plan.pattern)  # (B, K, linformer_k, D)
+        out, weights = super().attend(hidden_states, q, k, v, attention_mask, plan, False)
+        if output_attentions and weights is None:  # over the projected rows
+            weights = attention_probabilities(self, q, k, None, self.scaling).to(q.dtype)
+        return out, weights

@@ -20,13 +20,17 @@ Two ways to attend over the cached latents, equal up to rounding:
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 from torch import nn
 
-from .attention import run_planned
+from .layers import AttentionBase, RMSNorm
 from .linear import project
-from .plan import LayerPlan
 from .positions import apply_rope
+
+if TYPE_CHECKING:
+    from .plan import LayerPlan
 
 # DeepSeek's RMSNorms on the latents use this epsilon whatever the config's rms_norm_eps.
 LATENT_NORM_EPS = 1e-6
@@ -40,21 +44,14 @@ def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, interleaved: b
     return apply_rope(x, cos, sin)
 
 
-class LatentAttention(nn.Module):
+class LatentAttention(AttentionBase):
     """MLA self-attention; the parameter names are those of transformers' DeepseekV3Attention."""
 
-    def __init__(self, config, layer_idx: int, *, is_causal: bool, layer_type: str = "full_attention"):
-        super().__init__()
-        from .layers import RMSNorm  # layers.py builds this module
+    is_cross_attention = False
 
-        self.config = config
-        self.layer_idx = layer_idx
-        self.is_causal = is_causal
-        self.is_cross_attention = False
-        self.layer_type = layer_type
-        self.sliding_window = None
+    def __init__(self, config, layer_idx: int, *, is_causal: bool, layer_type: str = "full_attention"):
+        super().__init__(config, layer_idx, is_causal=is_causal, layer_type=layer_type, windowed=False)
         h, e = config.num_attention_heads, config.hidden_size
-        self.num_heads = h
         # the backends see per-head keys and values (decompressed): no grouping
         self.num_key_value_heads, self.num_key_value_groups = h, 1
         self.rank, self.nope, self.rope_dim = (
@@ -64,8 +61,6 @@ class LatentAttention(nn.Module):
         )
         self.v_dim = config.v_head_dim
         self.head_dim = self.nope + self.rope_dim
-        self.scaling = config.effective_attention_scale
-        self.attention_dropout = config.attention_dropout
         bias = config.attention_bias
         if config.q_lora_rank is None:
             self.q_proj = nn.Linear(e, h * self.head_dim, bias=False)
@@ -137,7 +132,6 @@ class LatentAttention(nn.Module):
         attention_mask,
         *,
         plan: LayerPlan,
-        key_value_states: torch.Tensor | None = None,
         output_attentions: bool = False,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """As `Attention.forward` (layers.py); self-attention only."""
@@ -152,6 +146,6 @@ class LatentAttention(nn.Module):
             out, weights = self.absorbed(q, latent, k_rope, plan.pattern, dropout)
         else:
             k, v = self.decompress(latent, k_rope)
-            out, weights = run_planned(self, plan, q, k, v, attention_mask, output_attentions)
+            out, weights = super().attend(hidden_states, q, k, v, attention_mask, plan, output_attentions)
         out = project(self.o_proj, out.reshape(b, t, -1))  # (B, T, E)
         return out, (weights if output_attentions else None)

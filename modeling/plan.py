@@ -26,7 +26,7 @@ from .linformer import LinformerProjections
 from .masks import AttentionPattern, KernelMask, random_layouts
 from .packing import PackedSequences, check_cross_packing
 from .positions import Positions, new_columns
-from .sinks import sink_shift
+from .streaming import sink_shift
 
 
 @dataclass(frozen=True)
@@ -38,33 +38,33 @@ class LayerPlan:
             and by Longformer's global rows (global_rows.py).
         backend: the backend that runs these layers, and `attention_fn` its function in transformers'
             `ALL_ATTENTION_FUNCTIONS` (eager's when none is registered under the name).
-        mask: the pattern lowered for the backend (masks.py), and `kernel_kwargs` what its kernel takes
-            beside it (flash-attention's varlen boundaries of packed rows).
+        kernel_kwargs: what the backend's kernel takes beside the mask (flash-attention's varlen
+            boundaries of packed rows). The mask itself is `ForwardPlan.masks[layer_type]`, handed to the
+            blocks as their `attention_mask` argument (layers.Block.forward says why).
         rope: the (cos, sin) pair (B, T, R) queries and keys are rotated by (the first R of D dims per
             head; `stack.rotary_emb` made it), or None.
         cache: the cache the layers append their keys to (cross-attention: keep the encoder's in).
         linformer: the stack's Linformer projections (linformer.py) when `config.linformer_k` is set; the
             layers project their keys and values with them, and no mask is lowered (`mask` is None).
         sink_shift: the rotation of the kept leading keys of a window + global cache to StreamingLLM's
-            positions within the cache (`streaming_positions="cache"`, sinks.py), or None.
+            positions within the cache (`streaming_positions="cache"`, streaming.py), or None.
     """
 
     layer_type: str
     pattern: AttentionPattern
     backend: str
     attention_fn: Callable
-    mask: object
     kernel_kwargs: dict
     rope: tuple[torch.Tensor, torch.Tensor] | None
     cache: CacheView
     linformer: LinformerProjections | None = None
-    sink_shift: tuple[torch.Tensor, torch.Tensor] | None = None  # streaming positions (sinks.py)
+    sink_shift: tuple[torch.Tensor, torch.Tensor] | None = None  # streaming positions (streaming.py)
 
     @classmethod
     def make(
         cls, layer_type, pattern, lowered_from, backend, dtype, rope, cache, linformer=None, shift=None
-    ) -> LayerPlan:
-        """The plan of `pattern` on `backend`, whose mask is lowered from `lowered_from`: `pattern`, or
+    ) -> tuple[LayerPlan, object]:
+        """The plan of `pattern` on `backend` and its mask, lowered from `lowered_from`: `pattern`, or
         `pattern` less the rows the layer computes itself (`pattern_for_backend`). With `linformer` the
         backend attends to projected rows that need no mask, and none is lowered."""
         mask = None if linformer is not None else lower_mask(lowered_from, backend, dtype)
@@ -72,20 +72,22 @@ class LayerPlan:
         if isinstance(mask, KernelMask):
             mask, kernel_kwargs = mask.mask, mask.kwargs
         attention_fn = ALL_ATTENTION_FUNCTIONS.get_interface(backend, eager_attention_forward)
-        return cls(
-            layer_type, pattern, backend, attention_fn, mask, kernel_kwargs, rope, cache, linformer, shift
-        )
+        plan = cls(layer_type, pattern, backend, attention_fn, kernel_kwargs, rope, cache, linformer, shift)
+        return plan, mask
 
 
 @dataclass(frozen=True)
 class ForwardPlan:
-    """One forward of a stack: its positions, the RoPE pair, and a `LayerPlan` per layer type for
-    self-attention (`layers`) and for cross-attention (`cross`, empty without encoder states)."""
+    """One forward of a stack: its positions, the RoPE pair, and per layer type a `LayerPlan` and the
+    lowered mask for self-attention (`layers`, `masks`) and for cross-attention (`cross`,
+    `cross_masks`, empty without encoder states)."""
 
     positions: Positions
     rope: tuple[torch.Tensor, torch.Tensor] | None
     layers: dict[str, LayerPlan]
     cross: dict[str, LayerPlan]
+    masks: dict[str, object]
+    cross_masks: dict[str, object]
 
     @classmethod
     def build(
@@ -120,6 +122,7 @@ class ForwardPlan:
         for lt, pattern in patterns.items():
             check_backend_for_batch(backends[lt], pattern.kind, stack, positions.device)
         linformer = getattr(stack, "linformer", None)
+        streaming = config.streaming_positions == "cache"
         layers = {
             lt: LayerPlan.make(
                 lt,
@@ -130,7 +133,7 @@ class ForwardPlan:
                 rope,
                 cache,
                 linformer,
-                sink_shift(config, p, dtype, rotary),
+                sink_shift(p, dtype, rotary) if streaming else None,
             )
             for lt, p in patterns.items()
         }
@@ -142,7 +145,13 @@ class ForwardPlan:
             cross = {
                 lt: LayerPlan.make(lt, pattern, pattern, backends[lt], dtype, None, cache) for lt in patterns
             }
-        return cls(positions, rope, layers, cross)
+        (layers, masks), (cross, cross_masks) = _unzip(layers), _unzip(cross)
+        return cls(positions, rope, layers, cross, masks, cross_masks)
+
+
+def _unzip(made: dict[str, tuple[LayerPlan, object]]) -> tuple[dict, dict]:
+    """{layer type: (plan, mask)} -> ({layer type: plan}, {layer type: mask})."""
+    return {lt: plan for lt, (plan, _) in made.items()}, {lt: mask for lt, (_, mask) in made.items()}
 
 
 def check_custom_mask(stack, backends) -> None:

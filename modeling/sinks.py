@@ -20,24 +20,34 @@ without a mask (`is_causal`, top-left aligned) puts the sink key first and a dum
 queries instead, so the fused causal kernel stays in use; a sparse `BlockLayout` gets the sink as one
 more global key (`sink_layout`). The cache stores the keys without the extra columns.
 
-Streaming sinks (StreamingLLM) are a decoder of `sliding_global_attention` layers with global_tokens=k,
-whose cache (cache.py: GlobalWindowLayer) keeps the first k tokens and the window; `sink_shift` and
-`shift_sinks` give them StreamingLLM's positions within the cache (`streaming_positions="cache"`).
+Streaming sinks (StreamingLLM's positions within the cache) are streaming.py.
 """
 
 from __future__ import annotations
 
 import dataclasses
+from functools import partial
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .positions import apply_rope
+from .attention import run_planned
 from .sparse_layout import BlockLayout, dead_rows
 
 # Backends that compute the definition themselves (attention_probabilities reads module.sinks).
 NATIVE = ("eager",)
+
+
+def run_with_sinks(module: nn.Module, plan, q, k, v, attention_mask, output_attentions: bool, **kwargs):
+    """`attention.run_planned` for a layer with learned sinks: eager computes them by definition,
+    every other backend's function gets them folded in as one extra key (`attend_with_sinks`)."""
+    fn = (
+        None
+        if plan.backend in NATIVE
+        else partial(attend_with_sinks, plan.attention_fn, pattern=plan.pattern)
+    )
+    return run_planned(module, plan, q, k, v, attention_mask, output_attentions, fn=fn, **kwargs)
 
 
 def sink_key_inputs(module: nn.Module, query, key, value, scaling: float, first: bool = False):
@@ -106,32 +116,3 @@ def attend_with_sinks(fn, module: nn.Module, query, key, value, mask, *, pattern
         mask = sink_dense_mask(mask, pattern, t)
     out, _ = fn(module, q2, k2, v2, mask, scaling=scaling, **kwargs)
     return out[..., :d], None
-
-
-def sink_probabilities(scores: torch.Tensor, sinks: torch.Tensor) -> torch.Tensor:
-    """softmax over `scores` (B, H, T, S) (fp32, -inf where masked) and one sink logit per head, the
-    sink's column dropped: rows sum to less than 1; a row with no key is all zeros."""
-    column = sinks.float().view(1, -1, 1, 1).expand(scores.shape[0], -1, scores.shape[2], 1)
-    return torch.softmax(torch.cat([scores, column], dim=-1), dim=-1)[..., :-1]
-
-
-# Streaming sinks: StreamingLLM's positions within the cache (config.streaming_positions="cache") ------
-
-
-def sink_shift(config, pattern, dtype, rotary):
-    """The rotation that moves the kept leading (sink) keys of a window + global cache from their own
-    positions 0..k-1 to just before the first window key the cache holds (`pattern.key_offset`): by
-    key_offset - key_prefix positions, (cos, sin) of shape (1, 1, R) from the stack's `rotary`
-    (positions.py). None when nothing was dropped after them (the keys are then contiguous and keep their
-    positions)."""
-    if config.streaming_positions != "cache" or pattern.kind != "sliding_global" or not pattern.key_prefix:
-        return None
-    shift = torch.tensor([[pattern.key_offset - pattern.key_prefix]], device=pattern.device)
-    angles = rotary.angles(shift)  # a pure rotation: yarn's attention factor is in the keys
-    return angles.cos().to(dtype), angles.sin().to(dtype)
-
-
-def shift_sinks(key: torch.Tensor, prefix: int, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """`key` (B, K, S, D) with its first `prefix` keys rotated by (cos, sin); the cache keeps them as
-    they were, so each step rotates from their own positions."""
-    return torch.cat([apply_rope(key[:, :, :prefix], cos, sin), key[:, :, prefix:]], dim=2)

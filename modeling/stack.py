@@ -17,10 +17,14 @@ from torch import nn
 from transformers import Cache
 from transformers.utils import logging
 
+from ..configuration.backends import LAYER_TYPE_PATTERN
+from ..configuration.configuration_swapformer import GLOBAL_KINDS
 from .cache import CacheView
 from .checks import check_global_mask, validate_inputs
-from .layers import Block, make_norm
-from .linformer import LinformerProjections
+from .global_rows import GlobalProjectionAttention
+from .layers import Attention, AttentionBase, Block, make_norm
+from .linformer import LinformerAttention, LinformerProjections
+from .mla import LatentAttention
 from .packing import PackedSequences
 from .plan import ForwardPlan
 from .positions import (
@@ -30,6 +34,7 @@ from .positions import (
     relative_position_bucket,
     sinusoidal_embedding,
 )
+from .streaming import StreamingAttention
 
 logger = logging.get_logger(__name__)
 
@@ -74,7 +79,14 @@ class StackMixin:
         self.embed_dropout = nn.Dropout(p)
         self.layers = nn.ModuleList(
             [
-                Block(config, i, is_causal=causal, cross_attention=cross_attention, layer_type=layer_types[i])
+                Block(
+                    config,
+                    i,
+                    is_causal=causal,
+                    cross_attention=cross_attention,
+                    layer_type=layer_types[i],
+                    attention=attention_class(config, layer_types[i], causal),
+                )
                 for i in range(num_layers)
             ]
         )
@@ -246,16 +258,16 @@ class StackMixin:
         for block in self.layers:
             if all_hidden is not None:
                 all_hidden.append(h)
-            layer, cross = plan.layers[block.layer_type], plan.cross.get(block.layer_type)
-            # The masks also go positionally: a trained position bias (T5) is in them, and activation
-            # checkpointing tracks the gradients of positional tensors only.
+            lt = block.layer_type
+            # The masks go positionally: a trained position bias (T5) is in them, and reentrant
+            # activation checkpointing tracks the gradients of positional tensors only.
             h, self_w, cross_w = block(
                 h,
-                layer.mask,
+                plan.masks[lt],
                 encoder_hidden_states,
-                cross.mask if cross is not None else None,
-                plan=layer,
-                cross_plan=cross,
+                plan.cross_masks.get(lt),
+                plan=plan.layers[lt],
+                cross_plan=plan.cross.get(lt),
                 output_attentions=output_attentions,
             )
             if self_attns is not None:
@@ -283,3 +295,16 @@ class StackMixin:
             "Caching is incompatible with gradient checkpointing in Block. Setting `cache=None`."
         )
         return None
+
+
+def attention_class(config, layer_type: str, causal: bool) -> type[AttentionBase]:
+    """The self-attention class of a layer of `layer_type`, chosen once when the stack is built."""
+    if getattr(config, "kv_lora_rank", None) is not None:  # multi-head latent attention (decoders)
+        return LatentAttention
+    if getattr(config, "linformer_k", None) is not None and not causal:
+        return LinformerAttention
+    if config.global_projections and not causal and LAYER_TYPE_PATTERN[layer_type] in GLOBAL_KINDS:
+        return GlobalProjectionAttention  # Longformer's q/k/v_global_proj
+    if config.streaming_positions == "cache" and LAYER_TYPE_PATTERN[layer_type] == "sliding_global":
+        return StreamingAttention
+    return Attention

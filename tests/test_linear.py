@@ -277,14 +277,13 @@ def test_models_run_their_linears_on_the_route(arch):
 
 def test_mlp_row_chunks_on_the_onednn_route(monkeypatch):
     """The chunked MLP (no gradients, long inputs) on the oneDNN route equals one plain pass."""
-    from swapformer.modeling import layers
 
     config = tiny_config("encoder")
     mlp = build(swapformer.EncoderModel, config).layers[0].mlp
     x = torch.randn(2, 37, config.hidden_size)
     with torch.enable_grad():
         whole = mlp(x).detach()
-    monkeypatch.setattr(layers, "MLP_CHUNK_BYTES", 5 * config.intermediate_size * x.element_size())
+    monkeypatch.setattr(linear_module, "MLP_CHUNK_BYTES", 5 * config.intermediate_size * x.element_size())
     with torch.no_grad(), cpu_linear("onednn"):
         ops = ops_run(lambda: mlp(x))
         chunked = mlp(x)

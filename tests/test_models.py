@@ -83,8 +83,11 @@ def test_hidden_states_and_attentions_count(arch):
         assert len(out.decoder_hidden_states) == config.decoder_layers + 1 and len(out.cross_attentions) == 3
 
 
+@pytest.mark.parametrize("reentrant", [False, True])
 @pytest.mark.parametrize("arch", ARCHS)
-def test_activation_checkpointing_gives_the_same_gradients(arch):
+def test_activation_checkpointing_gives_the_same_gradients(arch, reentrant):
+    """T5's relative bias lives in the lowered masks: its gradient (and every other) is the same with
+    reentrant and non-reentrant checkpointing as without."""
     config = tiny_config(arch, position_embedding_type="relative_bias")
     ids, mask = padded_batch()
     grads = []
@@ -92,7 +95,9 @@ def test_activation_checkpointing_gives_the_same_gradients(arch):
         model = build(LM_CLASSES[arch], config, attn="sdpa")
         model.train()
         if checkpointing:
-            model.activation_checkpointing_enable()
+            model.activation_checkpointing_enable(
+                activation_checkpointing_kwargs={"use_reentrant": reentrant}
+            )
             assert all(
                 layer.gradient_checkpointing
                 for layer in model.modules()
@@ -101,6 +106,7 @@ def test_activation_checkpointing_gives_the_same_gradients(arch):
         model(**lm_inputs(arch, ids, mask)).loss.backward()
         grads.append({n: p.grad for n, p in model.named_parameters() if p.grad is not None})
     assert grads[0].keys() == grads[1].keys()
+    assert any("relative_attention_bias" in n for n in grads[0])
     assert max(max_diff(grads[0][n], grads[1][n]) for n in grads[0]) <= 1e-6
 
 
@@ -356,14 +362,14 @@ def test_mlp_without_gradients_in_row_chunks_equals_one_pass(mlp_type, act, bias
     whole-sequence intermediate per layer), its projections writing into reused buffers (torch's
     linear route) or called per chunk (the oneDNN route); the result equals one pass. A forward hook
     on a projection turns that off: the hook sees one call with the whole, untouched output."""
-    from swapformer.modeling import layers
+    from swapformer.modeling import layers, linear
 
     config = tiny_config("encoder", mlp_type=mlp_type, hidden_act=act, mlp_bias=bias)
     mlp = layers.MLP(config).eval()
     x = torch.randn(2, 37, config.hidden_size)
     with torch.enable_grad():
         whole = mlp(x).detach()  # the path with gradients: one pass, out-of-place activation
-    monkeypatch.setattr(layers, "MLP_CHUNK_BYTES", 5 * config.intermediate_size * x.element_size())
+    monkeypatch.setattr(linear, "MLP_CHUNK_BYTES", 5 * config.intermediate_size * x.element_size())
     seen = []
     with torch.no_grad(), cpu_linear(route):
         chunked = mlp(x)
@@ -380,7 +386,7 @@ def test_mlp_without_gradients_in_row_chunks_equals_one_pass(mlp_type, act, bias
 def test_mlp_row_chunks_call_projections_that_are_not_plain_linears(monkeypatch):
     """The chunked MLP writes a projection's output straight into its buffer only for a plain
     `nn.Linear`; a wrapped or subclassed projection (PEFT, quantization) is called as a module."""
-    from swapformer.modeling import layers
+    from swapformer.modeling import layers, linear
 
     class Shifted(nn.Linear):
         def forward(self, x):
@@ -394,7 +400,7 @@ def test_mlp_row_chunks_call_projections_that_are_not_plain_linears(monkeypatch)
     x = torch.randn(2, 37, config.hidden_size)
     with torch.enable_grad():
         whole = mlp(x).detach()
-    monkeypatch.setattr(layers, "MLP_CHUNK_BYTES", 5 * config.intermediate_size * x.element_size())
+    monkeypatch.setattr(linear, "MLP_CHUNK_BYTES", 5 * config.intermediate_size * x.element_size())
     with torch.no_grad():
         chunked = mlp(x)
         mlp.up_proj = nn.Linear(config.hidden_size, config.intermediate_size)
