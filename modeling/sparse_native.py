@@ -41,24 +41,37 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import os
-import shutil
-import sys
 import warnings
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
-from transformers.utils import logging
 
-from .sparse_globals import global_keys_and_values, put_rows, query_rows
 from .sparse_layout import BlockLayout
+from .sparse_native_build import (
+    ENV,
+    SOURCE,
+    build_directory,
+    compile_and_load,
+    compiler,
+    library,
+    ninja,
+    up_to_date,
+)
+from .sparse_native_call import attend
 from .torch_compat import functorch_active
 
+__all__ = [
+    "applies",
+    "attend",
+    "build",
+    "build_directory",
+    "library",
+    "sparse_cpu",
+    "sparse_cpu_route",
+    "state",
+]
+
 ROUTES = ("auto", "native", "torch")
-ENV = "SWAPFORMER_SPARSE_CPU"
-SOURCE = Path(__file__).resolve().parent / "csrc" / "sparse_native.cpp"
-logger = logging.get_logger(__name__)
-_VECTOR = 16  # global keys are padded to a multiple of the widest vector (16 floats)
 
 # the route asked for ("auto", "native" or "torch"): by `sparse_cpu`, else by the environment (read once)
 _chosen: contextvars.ContextVar[str | None] = contextvars.ContextVar("swapformer_sparse_cpu", default=None)
@@ -67,19 +80,6 @@ _auto: str | None = None  # what "auto" means on this machine, worked out once
 _built: bool | None = None  # None: not tried yet; False: the build failed
 _unavailable: str | None = None  # why "auto" means the PyTorch path on a CPU the kernels serve
 _noticed = False  # the notice about `_unavailable` was given
-
-
-def _ninja() -> str | None:
-    """ninja's path: on PATH, or beside this Python (a virtual environment that is not activated)."""
-    found = shutil.which("ninja")
-    if found is None:
-        beside = Path(sys.executable).parent / "ninja"
-        found = str(beside) if beside.exists() else None
-    return found
-
-
-def _compiler() -> str | None:
-    return shutil.which(os.environ.get("CXX", "c++"))
 
 
 def _check_route(route, where: str) -> str:
@@ -102,9 +102,9 @@ def _missing() -> str | None:
         return f"the kernel source {SOURCE.name} is not installed beside {Path(__file__).name} (remote-code files carry none)"
     if not torch.backends.mkldnn.is_available():
         return "this torch build has no oneDNN, whose brgemm the kernels call (torch.backends.mkldnn.is_available() is False)"
-    if _compiler() is None:
+    if compiler() is None:
         return f"no C++ compiler was found ({os.environ.get('CXX', 'c++')!r} is not on PATH; set CXX)"
-    if _ninja() is None:
+    if ninja() is None:
         return "ninja was not found (pip install ninja)"
     return None
 
@@ -150,88 +150,20 @@ def sparse_cpu(route: str):
         _chosen.reset(token)
 
 
-def _flags() -> list[str]:
-    capability = torch.backends.cpu.get_cpu_capability()
-    if capability.startswith("AVX512"):
-        return ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mfma", "-DCPU_CAPABILITY_AVX512"]
-    if capability == "AVX2":
-        return ["-mavx2", "-mfma", "-DCPU_CAPABILITY_AVX2"]
-    return []
-
-
-def _name() -> str:
-    return f"swapformer_sparse_native_{torch.backends.cpu.get_cpu_capability().lower()}"
-
-
-def build_directory() -> Path:
-    """Where the kernels are compiled and cached: one folder per torch version and vector width."""
-    base = os.environ.get("TORCH_EXTENSIONS_DIR") or Path.home() / ".cache" / "torch_extensions"
-    return Path(base) / "swapformer" / f"torch-{torch.__version__}" / _name()
-
-
-def library() -> Path:
-    return build_directory() / f"{_name()}.so"
-
-
-def _up_to_date() -> bool:
-    lib = library()
-    return lib.exists() and lib.stat().st_mtime >= SOURCE.stat().st_mtime
-
-
-@contextlib.contextmanager
-def _build_lock(directory: Path):
-    """One process at a time builds in `directory` (a file lock; others wait, then load its library)."""
-    try:
-        import fcntl
-    except ImportError:  # not POSIX: torch's own lock inside `load` still keeps builds apart
-        yield
-        return
-    with open(directory / "swapformer-build.lock", "w") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
-
-
 def build() -> Path:
     """Compile (unless cached on disk) and load the kernels, once per process; returns the library's
-    path. Says so in one line when a compilation starts. Raises RuntimeError with the compiler's
-    message when that fails."""
+    path. Raises RuntimeError with the compiler's message when that fails (and remembers it: route
+    "auto" then runs the PyTorch path)."""
     global _built
     if _built:
         return library()
-    from torch.utils.cpp_extension import load
-
-    ninja = _ninja()
-    if ninja is not None and shutil.which("ninja") is None:  # torch's build looks for ninja on PATH
-        os.environ["PATH"] = f"{Path(ninja).parent}{os.pathsep}{os.environ.get('PATH', '')}"
-    directory = build_directory()
     try:
-        directory.mkdir(parents=True, exist_ok=True)
-        with _build_lock(directory):
-            if not _up_to_date():
-                logger.warning(
-                    f"swapformer: compiling the sparse backend's native CPU kernels (once per machine and "
-                    f"torch version, about 10-30 s) into {directory}. `swapformer build-kernels` does this "
-                    f"ahead of time; {ENV}=torch skips them (the PyTorch path)."
-                )
-            load(
-                name=_name(),
-                sources=[str(SOURCE)],
-                extra_cflags=["-O3", "-fopenmp", *_flags()],
-                extra_ldflags=["-fopenmp"],
-                build_directory=str(directory),
-                is_python_module=False,
-            )
-    except Exception as error:
+        path = compile_and_load()
+    except RuntimeError:
         _built = False
-        raise RuntimeError(
-            f"swapformer could not build its sparse CPU kernels from {SOURCE} in {directory}: {error}. "
-            f"Set {ENV}=torch to run the PyTorch path."
-        ) from error
+        raise
     _built = True
-    return library()
+    return path
 
 
 def state() -> str:
@@ -243,7 +175,7 @@ def state() -> str:
         return "the build failed in this process (the PyTorch path runs)"
     if missing is not None:
         return f"cannot be built here: {missing}"
-    if _up_to_date():
+    if up_to_date():
         return f"built ({library()}); loaded at the first sparse forward that uses them"
     return f"not built yet: compiled at the first use (about 10-30 s) into {build_directory()}, or by `swapformer build-kernels`"
 
@@ -300,50 +232,3 @@ def applies(
         _notice_unavailable()
         return False
     return _ready()
-
-
-def _last_contiguous(t: torch.Tensor) -> torch.Tensor:
-    return t if t.stride(-1) == 1 else t.contiguous()
-
-
-def attend(query, key, value, layout: BlockLayout, scaling: float | None) -> torch.Tensor:
-    """The sparse attention of `query` (B, H, T, D) over `key`, `value` (B, K, S, D) with `layout`, on
-    the native kernels: (B, T, H, D), the backend's output layout."""
-    batch, heads, t, d = query.shape
-    n, b = layout.n_blocks, layout.block
-    scale = d**-0.5 if scaling is None else scaling
-    back = n * b - layout.front - t
-    q = F.pad(query, (0, 0, layout.front, back)) if layout.front or back else query
-    q = _last_contiguous(q)
-    # the keys the bands cover (a cached decoding step: its window only), or all of them for global rows
-    lo, hi = 0, key.shape[2]
-    if layout.global_rows is None:
-        lo = min(max(layout.band_start, 0), hi)
-        hi = max(min(layout.band_start + (n - 1) * b + layout.band_length, hi), lo)
-    keys, values = key[:, :, lo:hi], _last_contiguous(value[:, :, lo:hi])
-    # keys transposed (B, K, D, S): the band of a block is then a column slice brgemm reads directly.
-    # A row stride of S + 16 keeps rows off power-of-two distances (cache-set conflicts at S = 8192).
-    kt = key.new_empty(batch, key.shape[1], d, hi - lo + 16)[..., : hi - lo]
-    kt.copy_(keys.transpose(2, 3))
-    empty = key.new_empty(0)
-    kgt = vg = gmask = empty
-    if layout.global_keys is not None:
-        kg, vg = global_keys_and_values(key, value, layout)  # (B, K, Gk, D)
-        vg = vg.contiguous()
-        pad = -kg.shape[2] % _VECTOR
-        kgt = F.pad(kg.transpose(2, 3) * scale, (0, pad)).contiguous()  # (B, K, D, Gp)
-        if layout.global_key_mask is not None:
-            gmask = _last_contiguous(layout.global_key_mask)
-    out = query.new_empty(batch, n * b, heads, d)
-    kernels = torch.ops.swapformer_sparse_native
-    band_mask = _last_contiguous(layout.mask)
-    kernels.band_attention(q, kt, values, band_mask, layout.band_start - lo, kgt, vg, gmask, scale, out)
-    out = out[:, layout.front : layout.front + t] if layout.front or back else out
-    out = out.contiguous()
-    if layout.global_rows is not None:
-        q_rows = _last_contiguous(query_rows(query, layout))  # (B, H, R, D)
-        rows_out = query.new_empty(batch, q_rows.shape[2], heads, d)
-        rows_mask = empty if layout.global_mask is None else _last_contiguous(layout.global_mask)
-        kernels.global_rows(q_rows, kt, values, rows_mask, scale, rows_out)
-        out = put_rows(out, layout, rows_out)
-    return out

@@ -3,7 +3,7 @@
 Each mutant removes or alters one rule of the pattern predicate (modeling/masks.py
 `AttentionPattern.allowed` and the BigBird draw; modeling/lowering.py for flash), of the sparse
 backend where it handles a rule itself (sparse_layout.py, sparse_globals.py: the dense pass of global query
-rows, the global-key and random-key segments, counting each key once, the band; sparse_native.py and
+rows, the global-key and random-key segments, counting each key once, the band; sparse_native_call.py and
 csrc/sparse_native.cpp: the same rules in the native CPU kernels, and rows without keys), or of the pattern's construction (modeling/plan.py: global tokens; modeling/cache.py: the caches). For every
 mutant the fast tests run in a temporary copy of the repository, so nothing is ever edited in place
 (an interrupted run leaves the working tree untouched), and a table says which test caught it.
@@ -264,18 +264,18 @@ MUTANTS = [
         "left, right = pattern.window - 1, (0 if",
         "left, right = pattern.window - 2, (0 if",
     ),
-    # sparse_native.py / csrc/sparse_native.cpp: the native CPU kernels (fp32 inference)
+    # sparse_native_call.py / csrc/sparse_native.cpp: the native CPU kernels (fp32 inference)
     Mutant(
         "global key (native)",
         "no global keys passed to the kernel",
-        "modeling/sparse_native.py",
+        "modeling/sparse_native_call.py",
         "    if layout.global_keys is not None:\n        kg, vg = global_keys_and_values",
         "    if False:\n        kg, vg = global_keys_and_values",
     ),
     Mutant(
         "global query (native)",
         "no pass for the global query rows",
-        "modeling/sparse_native.py",
+        "modeling/sparse_native_call.py",
         "    if layout.global_rows is not None:\n        q_rows",
         "    if False:\n        q_rows",
     ),
@@ -303,7 +303,7 @@ MUTANTS = [
     Mutant(
         "window edge (native band)",
         "band offset not moved with the keys handed to the kernel (bands past key 0)",
-        "modeling/sparse_native.py",
+        "modeling/sparse_native_call.py",
         "layout.band_start - lo, kgt",
         "layout.band_start, kgt",
     ),
