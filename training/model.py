@@ -45,8 +45,13 @@ def config_classes() -> dict:
 
 def config_fields_of(cls: type) -> set[str]:
     """The fields a user may set on config class `cls` (its own and swapformer's shared ones)."""
+    from ..configuration import SwapformerConfig
+
     return {
-        n for k in cls.__mro__ if k.__module__ == cls.__module__ for n in getattr(k, "__annotations__", {})
+        n
+        for k in cls.__mro__
+        if isinstance(k, type) and issubclass(k, SwapformerConfig)
+        for n in vars(k).get("__annotations__", {})
     }
 
 
