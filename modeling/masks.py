@@ -54,7 +54,7 @@ import torch
 from .packing import PackedSequences
 
 # A float 4D mask holds 0 where a query may attend a key and at most this where not (transformers' masks
-# hold the dtype's minimum, BERT's original code -10000); values between are refused (checks.py).
+# hold the dtype's minimum, BERT's original code -10000); values between are refused (inputs.py).
 MASKED_AT_MOST = -1e4
 
 

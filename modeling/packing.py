@@ -12,7 +12,7 @@ the previous real token's plus one, so the left-padded `position_ids` generate()
 padding) are one sequence, as they should be.
 
 The result is a `PackedSequences` value (per token: its sequence's number, first real token and
-real length) that is found once per forward (positions.py) and put into every attention pattern
+real length) that is found once per forward (inputs.py) and put into every attention pattern
 (masks.py), so every backend keeps the sequences apart by construction. A cache cannot continue packed
 rows (which sequence would a new token extend?): packing needs an empty cache, and a cache filled from
 packed rows refuses to be extended (cache.py).

@@ -2,8 +2,8 @@
 
 Shape legend: B batch, T new tokens, S keys handed to attention, D head dim.
 
-`ForwardPlan.build` runs once per stack forward, after the inputs are checked (checks.py), their
-positions found (positions.py) and embedded: it makes one `AttentionPattern` per layer type (and one
+`ForwardPlan.build` runs once per stack forward, after the inputs are checked and their positions
+found (inputs.py) and embedded: it makes one `AttentionPattern` per layer type (and one
 for cross-attention), checks the batch against each backend's capabilities, resolves each backend's
 attention function and lowers each pattern for it. The blocks read their `LayerPlan` and compute
 nothing about masks, backends or cache geometry.
@@ -22,10 +22,10 @@ from ..configuration.configuration_swapformer import GLOBAL_KINDS
 from .attention import check_backend_for_batch, eager_attention_forward, lower_mask
 from .cache import CacheView, KeyGeometry
 from .hf_compat import ALL_ATTENTION_FUNCTIONS
+from .inputs import Positions, new_columns
 from .linformer import LinformerProjections
 from .masks import AttentionPattern, KernelMask, random_layouts
 from .packing import PackedSequences, check_cross_packing
-from .positions import Positions, new_columns
 from .streaming import sink_shift
 
 

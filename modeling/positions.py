@@ -1,109 +1,15 @@
-"""Positions: where each token sits, and the position encodings computed from that.
+"""Position encodings: RoPE angles, sinusoidal features, ALiBi slopes and T5 buckets, computed from
+the positions a forward's inputs have (inputs.py: `Positions`).
 
-Shape legend: B batch, T new tokens, P cached tokens, S = P + T keys (or a static cache's slots),
-E hidden size, H heads, D head dim.
-
-`Positions.of` finds, once per forward, the query positions (B, T), the key positions (B, S) and the
-packed sequences (packing.py); the encodings below turn positions into RoPE angles, sinusoidal
-features, ALiBi slopes or T5 buckets.
+Shape legend: B batch, T new tokens, S keys, E hidden size, H heads, D head dim, R rotated dims.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 import torch
 from torch import nn
-
-from .checks import refuse_packing_with_custom_mask
-from .masks import custom_allowed
-from .packing import PackedSequences, find_packed_sequences
-
-# Token positions of a forward ------------------------------------------------------------------------
-
-
-def positions_from_mask(key_valid: torch.Tensor | None, batch: int, total: int, device) -> torch.Tensor:
-    """Integer positions of all S keys, (B, S): counted over non-padding tokens when a padding mask
-    is given, so a left-padded row gets the positions of the same row unpadded."""
-    if key_valid is None:
-        return torch.arange(total, device=device)[None].expand(batch, -1)
-    return (key_valid.long().cumsum(-1) - 1).clamp(min=0)
-
-
-def new_columns(x: torch.Tensor, past, t: int) -> torch.Tensor:
-    """Columns past .. past + t - 1 of (B, S) `x`. `past` is a 0-d tensor when a static cache counts
-    its tokens under torch.compile; an index keeps that graph free of data-dependent slicing."""
-    if isinstance(past, int):
-        return x[:, past : past + t]
-    return x.index_select(1, past + torch.arange(t, device=x.device))
-
-
-@dataclass(frozen=True)
-class Positions:
-    """The positions of one forward of `batch` rows of `length` new tokens after `past` cached ones.
-
-    Attributes:
-        span: absolute key indices the per-token inputs cover (past + length, or a static cache's slots).
-        key_valid: (B, span) False for padding, or None.
-        query: (B, T) position of each new token (the `position_ids`).
-        keys: (B, span) position of each key; packed rows restart them per sequence.
-        packing: the packed sequences of the new tokens, or None when each row holds one.
-        custom: (B, T, span) bool, a 4D attention_mask (True where a new token may attend a key), or None.
-            With one there is no padding mask and no packing: the mask says which keys each query sees,
-            and positions default to past .. past + T - 1, as LlamaModel's do.
-    """
-
-    batch: int
-    length: int
-    past: int | torch.Tensor
-    span: int
-    device: torch.device
-    key_valid: torch.Tensor | None
-    query: torch.Tensor
-    keys: torch.Tensor
-    packing: PackedSequences | None
-    custom: torch.Tensor | None = None
-
-    @classmethod
-    def of(cls, *, batch, length, past, span, device, attention_mask, position_ids, packing_inputs, prefix):
-        """Packed rows restart their positions, for keys too (ALiBi and T5 distances, global tokens).
-
-        Under torch.compile every row with `position_ids` counts as packed (whether it is would depend
-        on the data); generate() passes position_ids at every step of a compiled model."""
-        custom = None
-        if attention_mask is not None and attention_mask.dim() == 4:
-            refuse_packing_with_custom_mask(packing_inputs, prefix)
-            custom, attention_mask = custom_allowed(attention_mask, batch), None
-        key_valid = attention_mask.bool() if attention_mask is not None else None
-        packing = None
-        if custom is None:
-            packing = find_packed_sequences(
-                batch=batch,
-                length=length,
-                device=device,
-                key_valid=new_columns(key_valid, past, length) if key_valid is not None else None,
-                position_ids=position_ids,
-                past=past,
-                prefix=prefix,
-                **packing_inputs,
-            )
-        key_pos = positions_from_mask(key_valid, batch, span, device)  # (B, S)
-        if position_ids is None:
-            position_ids = (
-                new_columns(key_pos, past, length) if packing is None else packing.positions(key_valid)
-            )
-        else:
-            position_ids = position_ids.view(-1, length).expand(batch, length).to(device)
-        if (key_valid is None and isinstance(past, int) and past == 0) or packing is not None:
-            key_pos = position_ids
-        return cls(batch, length, past, span, device, key_valid, position_ids, key_pos, packing, custom)
-
-    @property
-    def total(self):
-        """Tokens seen after this forward, P + T (a 0-d tensor when `past` is one)."""
-        return self.past + self.length
-
 
 # Rotary (RoPE) ---------------------------------------------------------------------------------------
 

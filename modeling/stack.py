@@ -5,7 +5,7 @@ Shape legend: B batch, T new tokens, P cached tokens, S = P + T keys, E hidden s
 The base encoder and decoder models and both halves of the encoder-decoder are this one stack with
 two switches (causal self-attention, cross-attention). It is a mixin so the base models keep their
 parameters at HF-standard names (`embed_tokens`, `layers.0.self_attn.q_proj`) without a wrapper
-level. A forward checks the inputs (checks.py), finds their positions (positions.py), embeds them,
+level. A forward checks the inputs and finds their positions (inputs.py), embeds them,
 makes the forward's plan (plan.py: patterns, backends, masks, cache geometry) and runs the blocks,
 each with its layer type's `LayerPlan`.
 """
@@ -20,15 +20,14 @@ from transformers.utils import logging
 from ..configuration.backends import LAYER_TYPE_PATTERN
 from ..configuration.configuration_swapformer import GLOBAL_KINDS
 from .cache import CacheView
-from .checks import check_global_mask, validate_inputs
 from .global_rows import GlobalProjectionAttention
+from .inputs import checked_positions
 from .layers import Attention, AttentionBase, Block, make_norm
 from .linformer import LinformerAttention, LinformerProjections
 from .mla import LatentAttention
 from .packing import PackedSequences
 from .plan import ForwardPlan
 from .positions import (
-    Positions,
     RotaryEmbedding,
     alibi_bias,
     relative_position_bucket,
@@ -180,7 +179,8 @@ class StackMixin:
             (last hidden state, all hidden states, self- and cross-attention weights; None unless asked).
         """
         cache = CacheView.of(self.cache_unless_checkpointing(cache))
-        positions, global_mask = self.checked_positions(
+        positions, global_mask = checked_positions(
+            self.config,
             cache,
             input_ids=input_ids,
             inputs_embeds=inputs_embeds,
@@ -202,50 +202,6 @@ class StackMixin:
             encoder_packing=encoder_packing,
         )
         return self.run_layers(h, plan, encoder_hidden_states, output_attentions, output_hidden_states)
-
-    def checked_positions(
-        self,
-        cache: CacheView,
-        *,
-        input_ids,
-        inputs_embeds,
-        attention_mask,
-        position_ids,
-        global_attention_mask,
-        packing_inputs,
-        prefix,
-    ) -> tuple[Positions, torch.Tensor | None]:
-        """Check the inputs against the config and the cache; return their `Positions` and the
-        `global_attention_mask` padded to the key span. A cache that receives packed rows is marked so
-        that it is never extended."""
-        span = validate_inputs(
-            self.config,
-            input_ids=input_ids,
-            inputs_embeds=inputs_embeds,
-            attention_mask=attention_mask,
-            position_ids=position_ids,
-            past_length=cache.past,
-            key_slots=cache.key_slots,
-            prefix=prefix,
-        )
-        ref = input_ids if input_ids is not None else inputs_embeds
-        batch, length = ref.shape[:2]
-        global_mask = check_global_mask(global_attention_mask, batch, cache.past, length, span, prefix)
-        cache.refuse_if_packed(prefix)
-        positions = Positions.of(
-            batch=batch,
-            length=length,
-            past=cache.past,
-            span=span,
-            device=ref.device,
-            attention_mask=attention_mask,
-            position_ids=position_ids,
-            packing_inputs=packing_inputs,
-            prefix=prefix,
-        )
-        if positions.packing is not None:
-            cache.mark_packed()
-        return positions, global_mask
 
     def run_layers(
         self, h, plan: ForwardPlan, encoder_hidden_states, output_attentions, output_hidden_states

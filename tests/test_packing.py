@@ -155,7 +155,7 @@ def test_negative_control_the_comparison_catches_leakage(arch, attn, monkeypatch
     seqs = sequences()
     alone, unmarked = alone_and_packed(model, seqs, {})
     assert worst(alone, unmarked) > 1e-2
-    monkeypatch.setattr("swapformer.modeling.positions.find_packed_sequences", lambda **kwargs: None)
+    monkeypatch.setattr("swapformer.modeling.inputs.find_packed_sequences", lambda **kwargs: None)
     alone, leaking = alone_and_packed(model, seqs, collate(seqs))
     assert max_diff(alone[0], leaking[0]) > 1e-2
     assert worst(alone, leaking) > 1e-2
