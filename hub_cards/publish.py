@@ -7,8 +7,10 @@
 - `push_model(model, repo_id, ...)`: what `model.push_to_hub` and `save_pretrained(push_to_hub=True)`
   do: save into a temporary folder, keep the repository's own card if a user wrote it, run
   `preflight`, and upload everything in one commit.
-- `trainer_push_with_card`: `Trainer.push_to_hub` with swapformer's card (Trainer's training summary
-  kept as a section of it) and the same preflight, for swapformer models.
+- `CardTrainerMixin`: a Trainer class built with it (`class CardTrainer(CardTrainerMixin, Trainer)`)
+  uploads swapformer's card from `push_to_hub` (Trainer's training summary kept as a section of it),
+  after the same preflight. transformers' own `Trainer` is left as it is: a plain Trainer uploads
+  Trainer's card.
 - `preflight(folder, auto_class)`: the folder loads with `trust_remote_code=True` in a clean
   interpreter where swapformer cannot be imported, the card's metadata parses as huggingface_hub's
   `ModelCardData`, and no resume checkpoint or optimizer state would be uploaded. A failure raises
@@ -18,7 +20,6 @@
 from __future__ import annotations
 
 import fnmatch
-import functools
 import os
 import pathlib
 import subprocess
@@ -352,52 +353,52 @@ def push_model(
         )
 
 
-def trainer_push_with_card(original):
-    """Wrap `Trainer.push_to_hub`: for a swapformer model (not a PEFT wrapper, whose card is PEFT's), the
-    card Trainer writes just before uploading becomes swapformer's card with Trainer's summary as its
-    training section, and the folder passes `preflight` first."""
-    from ..modeling.modeling_base import SwapformerPreTrainedModel
+class CardTrainerMixin:
+    """Put it before `transformers.Trainer` (or a subclass of it) in a Trainer class of your own, and
+    `trainer.push_to_hub()` uploads swapformer's card for a swapformer model:
 
-    @functools.wraps(original)
-    def push_to_hub(self, *args, **kwargs):
+        class CardTrainer(CardTrainerMixin, Trainer): ...
+
+    It overrides `Trainer.create_model_card`, which `push_to_hub` calls after saving the model and just
+    before uploading the output folder: Trainer's card is written, then replaced by swapformer's card
+    with Trainer's summary as its training section (a card the user wrote, in the folder or on the Hub,
+    is kept, with Trainer's tags added), and the folder must pass `preflight`, or nothing is uploaded.
+    Other models (a PEFT wrapper, whose card is PEFT's, included) keep Trainer's card."""
+
+    def create_model_card(self, *args, **kwargs):
+        from ..modeling.modeling_base import SwapformerPreTrainedModel
+
+        folder = self.args.output_dir
         model = self.accelerator.unwrap_model(self.model)
-        if not isinstance(model, SwapformerPreTrainedModel):
-            return original(self, *args, **kwargs)
-        trainer_card = type(self).create_model_card
+        ours = isinstance(model, SwapformerPreTrainedModel) and self.is_world_process_zero()
+        users = _users_card(folder, self.hub_model_id) if ours else None
+        super().create_model_card(*args, **kwargs)
+        if ours:
+            trainer_card_to_swapformer(model, folder, self.hub_model_id, users)
 
-        def create_model_card(*card_args, **card_kwargs):
-            folder = self.args.output_dir
-            users = _users_card(folder, self.hub_model_id)
-            trainer_card(self, *card_args, **card_kwargs)
-            summary = ModelCard.load(os.path.join(folder, "README.md"))
-            if users is not None:  # the user's text stays; Trainer's tags are added to it
-                users.data.tags = list(dict.fromkeys([*(users.data.tags or []), *(summary.data.tags or [])]))
-                users.save(os.path.join(folder, "README.md"))
-                preflight(folder, auto_class_of(model), ignore=TRAINER_IGNORE)
-                return
-            text = summary.text.split("## Training procedure", 1)
-            training = "Trained with transformers' Trainer. " + (
-                "## Training procedure" + text[1] if len(text) > 1 else ""
-            )
-            card = card_for(
-                model,
-                repo_id=self.hub_model_id or os.path.basename(os.path.normpath(folder)),
-                with_tokenizer=_has_tokenizer(folder),
-                tags=summary.data.tags or (),
-                carried=summary,
-                training_text=training.replace("## ", "### "),
-            )
-            card.save(os.path.join(folder, "README.md"))
-            preflight(folder, auto_class_of(model), ignore=TRAINER_IGNORE)
 
-        self.create_model_card = create_model_card  # this call only
-        try:
-            return original(self, *args, **kwargs)
-        finally:
-            del self.create_model_card
-
-    push_to_hub._swapformer_card = True
-    return push_to_hub
+def trainer_card_to_swapformer(model, folder, repo_id: str | None, users: ModelCard | None) -> None:
+    """Replace the card Trainer wrote in `folder` by swapformer's (or keep `users`, the card someone
+    wrote, with Trainer's tags added), then run `preflight` on what Trainer uploads."""
+    path = os.path.join(folder, "README.md")
+    summary = ModelCard.load(path)
+    if users is not None:
+        users.data.tags = list(dict.fromkeys([*(users.data.tags or []), *(summary.data.tags or [])]))
+        users.save(path)
+    else:
+        text = summary.text.split("## Training procedure", 1)
+        training = "Trained with transformers' Trainer. " + (
+            "## Training procedure" + text[1] if len(text) > 1 else ""
+        )
+        card_for(
+            model,
+            repo_id=repo_id or os.path.basename(os.path.normpath(folder)),
+            with_tokenizer=_has_tokenizer(folder),
+            tags=summary.data.tags or (),
+            carried=summary,
+            training_text=training.replace("## ", "### "),
+        ).save(path)
+    preflight(folder, auto_class_of(model), ignore=TRAINER_IGNORE)
 
 
 def _users_card(folder, repo_id: str | None) -> ModelCard | None:
@@ -420,14 +421,4 @@ def _users_card(folder, repo_id: str | None) -> ModelCard | None:
     return None
 
 
-def install_trainer_hook() -> None:
-    """Wrap `transformers.Trainer.push_to_hub` once, if transformers' trainer module is imported."""
-    trainer_module = sys.modules.get("transformers.trainer")
-    if trainer_module is None:
-        return
-    trainer = trainer_module.Trainer
-    if not getattr(trainer.push_to_hub, "_swapformer_card", False):
-        trainer.push_to_hub = trainer_push_with_card(trainer.push_to_hub)
-
-
-__all__ = ["PublishError", "card_for", "install_trainer_hook", "preflight", "push_model", "write_card"]
+__all__ = ["CardTrainerMixin", "PublishError", "card_for", "preflight", "push_model", "write_card"]

@@ -21,13 +21,15 @@ from dataclasses import dataclass
 import torch
 from transformers import (
     Cache,
+    DynamicCache,
     DynamicLayer,
     EncoderDecoderCache,
+    StaticCache,
     StaticLayer,
     StaticSlidingWindowLayer,
 )
 
-from .hf_compat import DYNAMIC_LAYER_TYPE_MAPPING, STATIC_LAYER_TYPE_MAPPING, DynamicSlidingWindowLayer
+from .hf_compat import DynamicSlidingWindowLayer, register_cache_layers
 
 # Set on a transformers Cache filled from packed rows, so a later step cannot extend it silently.
 PACKED_CACHE_FLAG = "_swapformer_packed_rows"
@@ -56,9 +58,7 @@ class StoredRows:
     """Storage hooks of the layers that drop keys, so that their int8 versions (int8_cache.py) keep the
     same bookkeeping over int8 rows."""
 
-    # No state of its own, and a second base: `adopt_window_of_one` can then give a subclass to an object
-    # of transformers' layer (Python refuses the `__class__` assignment when the mixin comes first).
-    __slots__ = ()
+    __slots__ = ()  # no state of its own
 
     def _append(self, key_states, value_states):
         self.keys = torch.cat([self.keys, key_states], dim=-2)
@@ -78,9 +78,9 @@ class SlidingWindowLayer(DynamicSlidingWindowLayer, StoredRows):
     """transformers' windowed cache (`sliding_attention`), which keeps the last `sliding_window - 1`
     tokens as `[-sliding_window + 1:]`: for a window of 1 that is `[-0:]`, every token, so the keys it
     hands over disagree with its `get_mask_sizes` (also after `crop`). Here a window of 1 keeps none. Not
-    registered (that would replace transformers' class for every model in the process):
-    `adopt_window_of_one` gives this class to the window-1 layers of a cache handed to a swapformer model,
-    before their first use."""
+    registered (that would replace transformers' class for every model in the process): the caches
+    swapformer builds get it (`fresh_cache`); transformers' layer in a cache a user built is read as it
+    is (`CacheView.key_geometry`)."""
 
     def update(self, key_states, value_states, *args, **kwargs):
         keys, values = super().update(key_states, value_states, *args, **kwargs)
@@ -102,19 +102,6 @@ class SlidingWindowLayer(DynamicSlidingWindowLayer, StoredRows):
         self._keep(0, max(stored - remove - (self.sliding_window - 1), 0))
 
 
-def adopt_window_of_one(cache) -> None:
-    """Give `SlidingWindowLayer` to transformers' dynamic window-1 layers of `cache` (any other layer,
-    and any window but 1, is left as it is); nested caches of an encoder-decoder included."""
-    for part in (
-        getattr(cache, "self_attention_cache", None),
-        getattr(cache, "cross_attention_cache", None),
-        cache,
-    ):
-        for layer in getattr(part, "layers", ()) or ():
-            if type(layer) is DynamicSlidingWindowLayer and layer.sliding_window == 1:
-                layer.__class__ = SlidingWindowLayer
-
-
 class GlobalWindowLayer(DynamicLayer, StoredRows):
     """The dynamic cache of a window + global layer (`sliding_global_attention`).
 
@@ -125,11 +112,10 @@ class GlobalWindowLayer(DynamicLayer, StoredRows):
     (window, prefix length) before the layer is read; until every row has all its global tokens the
     layer keeps everything. Stored keys cover absolute indices [0, prefix) + [tail_start, length).
     While `record_past` is set (assisted decoding) nothing is dropped until `crop`, as transformers'
-    window layer does. Registered for its layer type, so `DynamicCache(config=...)` (what generate()
-    builds) uses it.
+    window layer does. Registered for its layer type (`hf_compat.register_cache_layers`), so
+    `DynamicCache(config=...)` (what generate() builds) uses it.
     """
 
-    _layer_type = "sliding_global_attention"
     is_croppable = True
 
     def __init__(self, **kwargs):
@@ -223,8 +209,8 @@ class StaticWindowLayer(StaticLayer):
     empty) and it hands attention the slots then the new keys, [P - slots, P + T), from a count held in a
     tensor. Outside torch.compile it hands over only the slots that hold tokens. `key_slots` is the
     length of the whole generation (the full layers' slots), which the attention mask spans. Not
-    registered (that would change every model in the process): `adopt_static_windows` gives it to a
-    swapformer model's static cache before its first use.
+    registered (that would change every model in the process): the static caches swapformer builds get it
+    (`fresh_cache`); transformers' layer in a static cache a user built is read as it is.
     """
 
     is_sliding = True
@@ -278,24 +264,44 @@ class StaticWindowLayer(StaticLayer):
         self.cumulative_length.sub_(remove)
 
 
-def adopt_static_windows(cache) -> None:
-    """Give `StaticWindowLayer` to transformers' `StaticSlidingWindowLayer`s of a static `cache` that were
-    never used, when the cache's other static layers tell the generation's length (the mask's span).
-    A cache of window layers only is left as it is (compiled, it is specialised per step)."""
-    layers = getattr(cache, "self_attention_cache", cache).layers
+def fresh_cache(cache: Cache) -> Cache:
+    """`cache`, just built by swapformer or by generate() for a swapformer model and not used yet, with
+    swapformer's layer objects where transformers' would serve worse: a dynamic window of 1 keeps no key
+    (`SlidingWindowLayer`), and the window layers of a static cache whose other layers tell the
+    generation's length keep one compiled shape (`StaticWindowLayer`). New objects are put in the new
+    cache's layer lists; no object a user holds is changed (a user's cache is read as it is)."""
+    self_attention = getattr(cache, "self_attention_cache", cache)
+    for part in (self_attention, getattr(cache, "cross_attention_cache", None)):
+        layers = getattr(part, "layers", None) or []
+        for i, layer in enumerate(layers):
+            if type(layer) is DynamicSlidingWindowLayer and layer.sliding_window == 1:
+                layers[i] = SlidingWindowLayer(sliding_window=1)
+                layers[i].record_past = layer.record_past  # generate() may have set it already
+    layers = self_attention.layers
     windows = [i for i, layer in enumerate(layers) if type(layer) is StaticSlidingWindowLayer]
     spans = [layer.max_cache_len for layer in layers if type(layer) is StaticLayer]
-    if not windows or not spans or any(layers[i].is_initialized for i in windows):
-        return
-    for i in windows:
-        layers[i] = StaticWindowLayer(layers[i].max_cache_len, max(spans))
+    # a cache of window layers only stays as it is (compiled, one graph per step), as does one that
+    # generate() initialised early for a compiled prefill
+    if windows and spans and not any(layers[i].is_initialized for i in windows):
+        for i in windows:
+            layers[i] = StaticWindowLayer(layers[i].max_cache_len, max(spans))
+    return cache
 
 
-# BigBird layers keep every key: random blocks make any earlier block visible to a later query.
-# Registering is what makes `DynamicCache(config=...)` accept the layer type.
-DYNAMIC_LAYER_TYPE_MAPPING.setdefault("bigbird_attention", DynamicLayer)
-for _layer_type in ("sliding_global_attention", "bigbird_attention"):
-    STATIC_LAYER_TYPE_MAPPING.setdefault(_layer_type, StaticLayer)
+def dynamic_cache(config) -> DynamicCache:
+    """The dynamic cache a swapformer model of `config` decodes with (what generate() uses)."""
+    return fresh_cache(DynamicCache(config=config))
+
+
+def static_cache(config, max_cache_len: int) -> StaticCache:
+    """The static (compileable) cache a swapformer model of `config` decodes with, holding
+    `max_cache_len` tokens (what `generate(cache_implementation="static")` uses)."""
+    return fresh_cache(StaticCache(config=config, max_cache_len=max_cache_len))
+
+
+# BigBird layers keep every key (random blocks make any earlier block visible to a later query); window +
+# global layers have their own class. Registering makes `DynamicCache(config=...)` accept the layer types.
+register_cache_layers(global_window_layer=GlobalWindowLayer)
 
 
 def static_key_slots(cache: Cache | None) -> int | None:
@@ -360,9 +366,6 @@ class CacheView:
     def of(cls, cache: Cache | None) -> CacheView:
         if cache is None:
             return cls(None)
-        if not torch.compiler.is_compiling():
-            adopt_window_of_one(cache)
-            adopt_static_windows(cache)
         past = cache.get_seq_length()
         if torch.is_tensor(past) and not torch.compiler.is_compiling():
             past = int(past)  # a static cache counts in a tensor; outside compile, read it once
@@ -372,8 +375,14 @@ class CacheView:
         """The keys self-attention layer `layer_idx` will hand over once it appended `new_tokens`."""
         if self.cache is None:
             return KeyGeometry(self.past + new_tokens)
+        layer = cache_layer(self.cache, layer_idx)
+        if type(layer) is DynamicSlidingWindowLayer and layer.sliding_window == 1 and not layer.record_past:
+            # transformers' window of 1 keeps every key (`[-0:]`) and hands them all over, unlike what its
+            # get_mask_sizes says: read what it holds (swapformer's own caches use SlidingWindowLayer)
+            stored = layer.keys.shape[-2] if layer.is_initialized else 0
+            return KeyGeometry(stored + new_tokens, layer.cumulative_length - stored)
         length, offset = self.cache.get_mask_sizes(new_tokens, layer_idx)
-        return KeyGeometry(length, offset, getattr(cache_layer(self.cache, layer_idx), "key_prefix", 0))
+        return KeyGeometry(length, offset, getattr(layer, "key_prefix", 0))
 
     def plan_global_window(
         self, layer_indices, window: int, global_tokens: int, is_global, key_valid

@@ -11,6 +11,7 @@ from torch import nn
 from transformers import GenerationMixin
 from transformers.utils import logging
 
+from .cache import fresh_cache
 from .linear import cpu_linear_route
 
 logger = logging.get_logger(__name__)
@@ -199,6 +200,15 @@ class SwapformerGenerationMixin(GenerationMixin):
             choice = "all" if worth else "none"
         with DecodingWeights.during(self, choice):
             return super().generate(*args, **kwargs)
+
+    def _prepare_cache_for_generation(self, generation_config, model_kwargs, *args, **kwargs):
+        """transformers' hook that builds the cache of a generate() call; a cache it builds here (not
+        the caller's) gets swapformer's layer objects before its first use (cache.fresh_cache)."""
+        given = model_kwargs.get("cache") is not None
+        result = super()._prepare_cache_for_generation(generation_config, model_kwargs, *args, **kwargs)
+        if not given and model_kwargs.get("cache") is not None:
+            fresh_cache(model_kwargs["cache"])
+        return result
 
     def _decoding_shape(self, args, kwargs) -> tuple[int, int]:
         """(rows per decoding step, new tokens at most) of a generate() call, from its arguments and

@@ -208,8 +208,6 @@ class Int8SlidingWindowLayer(Int8Storage, SlidingWindowLayer):
 class Int8GlobalWindowLayer(Int8Storage, GlobalWindowLayer):
     """`sliding_global_attention` layers: the leading tokens holding every global token and the window."""
 
-    _layer_type = None  # not registered: `GlobalWindowLayer` stays the class of its layer type
-
 
 class Int8Cache(Cache):
     """A dynamic cache holding int8 keys and values, one cache layer per decoder layer of `config`.

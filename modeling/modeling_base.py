@@ -157,11 +157,6 @@ class SwapformerPreTrainedModel(PreTrainedModel):
                 publish.write_card(self, save_directory)
         return result
 
-    def post_init(self):
-        super().post_init()
-        if (publish := _publishing()) is not None:
-            publish.install_trainer_hook()  # Trainer.push_to_hub then uploads swapformer's card
-
     def push_to_hub(self, repo_id: str, **kwargs):
         """`PreTrainedModel.push_to_hub` (same arguments) that uploads swapformer's model card, or keeps
         the repository's card when a user wrote it, after a preflight (hub_cards/publish.py)."""

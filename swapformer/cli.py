@@ -1,9 +1,9 @@
 """The `swapformer` command line.
 
 Each subcommand lives beside the code it drives, in a module with an ``add_subcommand(subparsers)``
-function. Only the chosen subcommand's module is imported (the one-line summaries that
-`swapformer --help` lists are kept here), and heavy imports happen inside the handlers, so
-`swapformer --help` and `swapformer train --help` answer without importing torch or transformers.
+function. Only the chosen subcommand's module is imported; the table of subcommands with the one-line
+summaries that `swapformer --help` lists is in `swapformer_command.py`, the console script, which
+answers `--help` and `--version` without importing this package (and with it torch and transformers).
 
 Errors: a mistake the user can fix (a ValueError, TypeError, OSError or ImportError, argparse's own
 usage errors) prints one line naming the value and the fix and exits with code 2; anything else is a
@@ -17,39 +17,10 @@ import importlib
 import sys
 import traceback
 
-# name -> (module with add_subcommand(subparsers), or "module:function", and the line `swapformer --help` shows)
-SUBCOMMANDS = {
-    "train": ("swapformer.training.cli", "pretrain a model with Accelerate and write a Hub-ready folder"),
-    "convert": (
-        "swapformer.conversion.cli",
-        "convert a transformers checkpoint folder into swapformer (or back with --to-hf), verified",
-    ),
-    "backends": ("swapformer.cli", "print the attention backend capability table (Markdown)"),
-    "env": (
-        "swapformer.env:add_env",
-        "print versions, machine, speed routes and dependency checks for a bug report",
-    ),
-    "build-kernels": (
-        "swapformer.env:add_build_kernels",
-        "compile the sparse backend's native CPU kernels ahead of first use",
-    ),
-    "attention": (
-        "swapformer.visualize_cli:add_attention",
-        "draw a model's attention on a text as heatmaps (PNG, SVG or PDF)",
-    ),
-    "pattern": (
-        "swapformer.visualize_cli:add_pattern",
-        "draw which keys each layer type of a config lets a token attend (PNG, SVG or PDF)",
-    ),
-}
+from swapformer_command import SUBCOMMANDS, top_parser
+from swapformer_command import chosen as chosen_subcommand
+
 USER_ERRORS = (ValueError, TypeError, OSError, ImportError)
-
-
-class Parser(argparse.ArgumentParser):
-    """argparse with one-line usage errors (its usage block for `train` alone is 20 lines)."""
-
-    def error(self, message: str):
-        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
 def add_subcommand(subparsers) -> None:
@@ -66,24 +37,9 @@ def _backends(args: argparse.Namespace) -> int:
     return 0
 
 
-def _chosen(argv: list[str]) -> str | None:
-    """The subcommand named on the command line, unless a help flag comes first."""
-    for arg in argv:
-        if arg in ("-h", "--help"):
-            return None
-        if arg in SUBCOMMANDS:
-            return arg
-    return None
-
-
 def build_parser(chosen: str | None = None) -> argparse.ArgumentParser:
     """The parser; the subcommand `chosen` gets its full parser, the others a stub with their summary."""
-    from . import __version__
-
-    parser = Parser(prog="swapformer", description=__doc__.splitlines()[0])
-    parser.add_argument("--version", action="version", version=f"swapformer {__version__}")
-    parser.add_argument("--debug", action="store_true", help="show the traceback of an error")
-    commands = parser.add_subparsers(dest="command", required=True, metavar="{" + ",".join(SUBCOMMANDS) + "}")
+    parser, commands = top_parser()
     parser.commands = commands.choices  # name -> subparser
     for name, (module, summary) in SUBCOMMANDS.items():
         if name == chosen:
@@ -103,7 +59,7 @@ def build_parser(chosen: str | None = None) -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    chosen = _chosen(argv)
+    chosen = chosen_subcommand(argv)
     try:
         parser = build_parser(chosen)
         args, unknown = parser.parse_known_args(argv)

@@ -11,6 +11,8 @@ import pytest
 import torch
 from transformers import DynamicCache, StaticCache
 
+from swapformer.modeling.cache import SlidingWindowLayer, dynamic_cache, static_cache
+from swapformer.modeling.hf_compat import DynamicSlidingWindowLayer
 from swapformer.modeling.int8_cache import Int8Cache
 
 from conftest import LM_CLASSES, build, generate_steps, max_diff, padded_batch, tiny_config
@@ -49,6 +51,10 @@ def lm(layer_types, window=WINDOW, noise=0.0):
 
 
 def new_cache(model, kind):
+    """A cache as a user builds it: transformers' `DynamicCache(config=...)` (its layers read as they
+    are), swapformer's own ("swapformer", what generate() builds), or the int8 one."""
+    if kind == "swapformer":
+        return dynamic_cache(model.config)
     return DynamicCache(config=model.config) if kind == "dynamic" else Int8Cache(model.config)
 
 
@@ -116,15 +122,23 @@ def test_drafted_decoding_generates_what_greedy_decoding_does(layer_type, kind, 
     assert forwards < NEW and max(removed) > 0, (forwards, removed)
 
 
-@pytest.mark.parametrize("kind", ["dynamic", "int8"])
+@pytest.mark.parametrize("kind", ["swapformer", "int8", "dynamic"])
 def test_window_of_one_crops_to_no_key(kind):
-    """A window of 1 keeps no key between steps (cache.py: SlidingWindowLayer), also after crops."""
+    """A window of 1 keeps no key between steps (cache.py: SlidingWindowLayer), also after crops, in the
+    caches swapformer builds; transformers' own layer (a user's `DynamicCache(config=...)`), which keeps
+    every key ([-0:]), is read as it is and keeps its class: the same tokens and logits."""
     model = lm(["sliding_attention", "full_attention"], window=1)
     plain, _, _ = greedy(model, kind)
     drafted, forwards, removed = greedy(model, kind, prompt_lookup_num_tokens=3)
-    assert_same_decoding(drafted, plain, kind)
+    assert_same_decoding(drafted, plain, "int8" if kind == "int8" else "dynamic")
     assert forwards < NEW and max(removed) > 0, (forwards, removed)
-    assert stored(drafted.cache.layers[0]) == 0  # transformers' crop kept every drafted key ([-0:])
+    if kind == "dynamic":
+        assert type(drafted.cache.layers[0]) is DynamicSlidingWindowLayer
+        swapformers, _, _ = greedy(model, "swapformer")
+        assert_same_decoding(drafted, swapformers, "dynamic")
+    else:
+        assert isinstance(drafted.cache.layers[0], SlidingWindowLayer)
+        assert stored(drafted.cache.layers[0]) == 0  # transformers' crop kept every drafted key ([-0:])
 
 
 @pytest.mark.parametrize("kind", ["dynamic", "int8"])
@@ -174,10 +188,11 @@ def test_crop_refuses_tokens_the_window_already_dropped(layer_type, kind):
 
 
 def test_static_window_layer_crops_only_before_it_dropped_tokens():
-    """A static cache's window layer (cache.py: StaticWindowLayer) crops while it holds every token,
-    like transformers' static window layer; after it dropped one, a crop is refused."""
+    """A static cache's window layer (cache.py: StaticWindowLayer, in the static caches swapformer and
+    generate() build) crops while it holds every token, like transformers' static window layer; after it
+    dropped one, a crop is refused."""
     model = lm(["sliding_attention", "full_attention"], window=4)
-    cache = StaticCache(config=model.config, max_cache_len=PROMPT.shape[1] + NEW)
+    cache = static_cache(model.config, max_cache_len=PROMPT.shape[1] + NEW)
     kept = torch.cat([PROMPT[:, :2], torch.tensor([[40]])], dim=1)  # the third token replaced
     with torch.no_grad():
         model(PROMPT[:, :2], attention_mask=torch.ones_like(PROMPT[:, :2]), cache=cache)

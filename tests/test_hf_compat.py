@@ -22,7 +22,7 @@ from swapformer.modeling import hf_compat
 from swapformer.modeling.attention import sdpa_fa_attention_forward
 from swapformer.modeling.sparse import sparse_attention_forward
 
-from conftest import build, padded_batch, tiny_config
+from conftest import MIXED_LAYERS, build, padded_batch, tiny_config
 
 
 def contract(ok: bool, touch_point: str, change: str) -> None:
@@ -155,16 +155,35 @@ def test_cache_layer_types_are_registered():
         )
 
 
-def test_cache_layer_subclass_hook_registers_its_layer_type():
-    """GlobalWindowLayer (modeling/cache.py) registers itself through transformers' `_layer_type` hook."""
-    mapping = hf_compat.DYNAMIC_LAYER_TYPE_MAPPING
-    type("ContractProbeLayer", (transformers.DynamicLayer,), {"_layer_type": "swapformer_contract_probe"})
-    try:
-        contract(
-            "swapformer_contract_probe" in mapping, "cache_utils.CacheLayerMixin._layer_type", "hook gone"
-        )
-    finally:
-        mapping.pop("swapformer_contract_probe", None)
+def test_swapformer_writes_the_cache_layer_mappings_in_one_place(monkeypatch):
+    """`hf_compat.register_cache_layers` is the only writer: it puts swapformer's classes under its layer
+    types (what `DynamicCache(config=...)` then builds) and refuses to replace another's entry."""
+    from swapformer.modeling.cache import GlobalWindowLayer
+
+    dynamic, static = dict(hf_compat.DYNAMIC_LAYER_TYPE_MAPPING), dict(hf_compat.STATIC_LAYER_TYPE_MAPPING)
+    for mapping in (dynamic, static):
+        for layer_type in ("bigbird_attention", "sliding_global_attention"):
+            mapping.pop(layer_type)
+    monkeypatch.setattr(hf_compat, "DYNAMIC_LAYER_TYPE_MAPPING", dynamic)
+    monkeypatch.setattr(hf_compat, "STATIC_LAYER_TYPE_MAPPING", static)
+    hf_compat.register_cache_layers(global_window_layer=GlobalWindowLayer)
+    assert dynamic["sliding_global_attention"] is GlobalWindowLayer
+    assert dynamic["bigbird_attention"] is transformers.DynamicLayer
+    assert static["sliding_global_attention"] is static["bigbird_attention"] is transformers.StaticLayer
+    dynamic["sliding_global_attention"] = transformers.DynamicLayer  # someone else's entry
+    with pytest.raises(ValueError, match="cannot register .*'sliding_global_attention'.*never replaces"):
+        hf_compat.register_cache_layers(global_window_layer=GlobalWindowLayer)
+
+
+def test_dynamic_cache_builds_the_registered_layer_class_per_layer_type():
+    layers = transformers.DynamicCache(config=tiny_config("decoder", **MIXED_LAYERS)).layers
+    built = {t: type(layer).__name__ for t, layer in zip(MIXED_LAYERS["layer_types"], layers)}
+    contract(
+        built["sliding_global_attention"] == "GlobalWindowLayer"
+        and built["bigbird_attention"] == "DynamicLayer",
+        "DynamicCache(config=...) with cache_utils.DYNAMIC_LAYER_TYPE_MAPPING",
+        f"built {built}",
+    )
 
 
 # Private imports -----------------------------------------------------------------------------------
@@ -275,17 +294,42 @@ def test_config_internals():
     )
 
 
+def test_generate_builds_its_cache_in_prepare_cache_for_generation():
+    """decoding_weights.SwapformerGenerationMixin overrides `_prepare_cache_for_generation` to give the
+    cache generate() builds swapformer's layer objects: it must still take (generation_config,
+    model_kwargs, ...) and put the cache it builds in model_kwargs["cache"], leaving a caller's cache."""
+    from transformers import GenerationConfig, GenerationMixin
+
+    fn = getattr(GenerationMixin, "_prepare_cache_for_generation", None)
+    contract(fn is not None, "GenerationMixin._prepare_cache_for_generation", "gone")
+    contract(
+        parameters(fn)[:3] == ["self", "generation_config", "model_kwargs"],
+        "GenerationMixin._prepare_cache_for_generation",
+        f"signature is now {inspect.signature(fn)}",
+    )
+    model = build(swapformer.DecoderForCausalLM, tiny_config("decoder"))
+    built, given = {}, {"cache": transformers.DynamicCache()}
+    for kwargs in (built, given):
+        mine = given.get("cache")
+        fn(model, GenerationConfig(), kwargs, None, 1, 8)
+        if kwargs is given:
+            contract(
+                kwargs["cache"] is mine, "GenerationMixin._prepare_cache_for_generation", "replaced my cache"
+            )
+    contract(
+        isinstance(built.get("cache"), transformers.DynamicCache),
+        "GenerationMixin._prepare_cache_for_generation",
+        "no longer writes model_kwargs['cache']",
+    )
+
+
 def test_trainer_push_to_hub_writes_its_card_through_create_model_card_then_uploads():
-    """hub_cards/publish.py swaps the card Trainer.push_to_hub uploads by replacing `create_model_card`
-    on the instance: that works while push_to_hub saves, then calls self.create_model_card, then
-    uploads the folder, in that order."""
+    """hub_cards/publish.py: CardTrainerMixin overrides `Trainer.create_model_card` (public, documented) to
+    put swapformer's card in the folder: that works while push_to_hub saves, then calls
+    self.create_model_card, then uploads the folder, in that order."""
     from transformers import Trainer
 
-    source = inspect.getsource(
-        Trainer.push_to_hub.__wrapped__
-        if hasattr(Trainer.push_to_hub, "__wrapped__")
-        else Trainer.push_to_hub
-    )
+    source = inspect.getsource(Trainer.push_to_hub)
     order = [source.find(call) for call in ("self.save_model(", "self.create_model_card(", ".upload_folder(")]
     contract(
         -1 not in order and order == sorted(order),

@@ -165,8 +165,9 @@ def test_preflight_checks_card_metadata(tmp_path):
         publish.preflight(tmp_path, "AutoModel")
 
 
-def trained(model, folder, repo_id: str, **args) -> Trainer:
-    """A Trainer that ran one step on `model`, set to push to `repo_id`."""
+def trained(model, folder, repo_id: str, trainer_class=None, **args) -> Trainer:
+    """A Trainer (a `CardTrainer` unless told) that ran one step on `model`, set to push to `repo_id`."""
+    trainer_class = trainer_class or CardTrainer
     data = [{"input_ids": list(range(3, 11)), "labels": list(range(3, 11))} for _ in range(4)]
     arguments = TrainingArguments(
         folder,
@@ -177,9 +178,13 @@ def trained(model, folder, repo_id: str, **args) -> Trainer:
         hub_model_id=repo_id,
         **args,
     )
-    trainer = Trainer(model=model, args=arguments, train_dataset=data)
+    trainer = trainer_class(model=model, args=arguments, train_dataset=data)
     trainer.train()
     return trainer
+
+
+class CardTrainer(publish.CardTrainerMixin, Trainer):
+    """A Trainer whose push_to_hub uploads swapformer's card (the route hub_cards documents)."""
 
 
 def test_trainer_push_to_hub_uploads_swapformer_card_with_the_training_summary(tmp_path, monkeypatch):
@@ -205,3 +210,33 @@ def test_trainer_push_to_hub_keeps_a_card_the_user_wrote(tmp_path, monkeypatch):
     trainer.push_to_hub()
     readme = hub.readme()
     assert "Written by hand." in readme and MARK not in readme and ModelCard(readme).data.license == "mit"
+
+
+def test_a_failed_preflight_stops_the_trainers_upload(tmp_path, monkeypatch):
+    """The preflight runs on the folder Trainer would upload, after its card is written: a modeling file
+    that does not load without swapformer stops the upload, and nothing is sent."""
+    hub = Hub(monkeypatch)
+    model = build(swapformer.DecoderForCausalLM, tiny_config("decoder"))
+    trainer = trained(model, tmp_path / "out", "me/trained")
+    save = type(model).save_pretrained
+
+    def save_broken(self, folder, *args, **kwargs):
+        save(self, folder, *args, **kwargs)
+        (Path(folder) / "modeling_decoder.py").write_text("raise ImportError('broken on purpose')\n")
+
+    monkeypatch.setattr(type(model), "save_pretrained", save_broken)
+    with pytest.raises(publish.PublishError, match="broken on purpose"):
+        trainer.push_to_hub()
+    assert hub.commits == []
+
+
+def test_a_plain_trainer_is_left_as_transformers_made_it(tmp_path, monkeypatch):
+    """Building and training a swapformer model changes nothing in transformers' Trainer: without the
+    mixin, push_to_hub uploads Trainer's own card (test_side_effects.py checks every attribute)."""
+    original = Trainer.push_to_hub
+    hub = Hub(monkeypatch)
+    model = build(swapformer.DecoderForCausalLM, tiny_config("decoder"))
+    trainer = trained(model, tmp_path / "out", "me/plain", trainer_class=Trainer)
+    trainer.push_to_hub()
+    assert Trainer.push_to_hub is original and "create_model_card" not in vars(trainer)
+    assert MARK not in hub.readme() and "learning_rate" in hub.readme()
