@@ -42,7 +42,7 @@ import statistics
 import subprocess
 
 import torch
-from measure import interleaved, json_from_child, peak_extra_mib, timed
+from measure import BERT_BASE, POST_NORM, interleaved, json_from_child, peak_extra_mib, timed
 from transformers import LongformerConfig, LongformerModel
 
 import swapformer
@@ -238,27 +238,15 @@ def encoders(n: int = 4096):
     """transformers' LongformerModel and swapformer's `sparse` encoder of the same (BERT-base) size and
     window, random weights, and their inputs (the first token global)."""
     longformer = LongformerModel(
-        LongformerConfig(
-            attention_window=512,
-            max_position_embeddings=n + 2,
-            hidden_size=768,
-            num_hidden_layers=12,
-            num_attention_heads=12,
-            intermediate_size=3072,
-            pad_token_id=1,
-        )
+        LongformerConfig(**BERT_BASE, attention_window=512, max_position_embeddings=n + 2, pad_token_id=1)
     ).eval()
     ours = swapformer.EncoderModel(
         swapformer.EncoderConfig(
+            **BERT_BASE,
+            **POST_NORM,
             vocab_size=longformer.config.vocab_size,
-            hidden_size=768,
-            num_hidden_layers=12,
-            num_attention_heads=12,
-            intermediate_size=3072,
             max_position_embeddings=n,
             type_vocab_size=1,
-            pre_norm=False,
-            embedding_norm=True,
             pad_token_id=1,
             layer_types=["sliding_global_attention"] * 12,
             sliding_window=257,

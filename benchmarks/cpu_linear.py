@@ -18,7 +18,7 @@ import argparse
 
 import torch
 import torch.nn.functional as F
-from measure import interleaved, machine
+from measure import BERT_BASE, POST_NORM, interleaved, machine
 
 import swapformer
 from swapformer.modeling.decoding_weights import DecodingWeights
@@ -67,16 +67,7 @@ def product_table(rows_list, shapes, rounds: int) -> None:
 
 
 def bert_base(**overrides):
-    options = dict(
-        vocab_size=30522,
-        hidden_size=768,
-        num_hidden_layers=12,
-        num_attention_heads=12,
-        intermediate_size=3072,
-        max_position_embeddings=512,
-        pre_norm=False,
-        embedding_norm=True,
-    )
+    options = dict(vocab_size=30522, max_position_embeddings=512, **BERT_BASE, **POST_NORM)
     return swapformer.EncoderModel(swapformer.EncoderConfig(**{**options, **overrides})).eval()
 
 

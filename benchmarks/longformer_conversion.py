@@ -17,7 +17,7 @@ import os
 import platform
 
 import torch
-from measure import interleaved
+from measure import BERT_BASE, interleaved
 from transformers import LongformerConfig, LongformerModel
 
 import swapformer
@@ -32,12 +32,10 @@ def main() -> None:
     args = parser.parse_args()
     layers = 4 if args.quick else 12
     torch.manual_seed(0)
+    shape = {**BERT_BASE, "num_hidden_layers": layers}
     config = LongformerConfig(
+        **shape,
         vocab_size=50265,
-        hidden_size=768,
-        num_hidden_layers=layers,
-        num_attention_heads=12,
-        intermediate_size=3072,
         max_position_embeddings=4098,
         type_vocab_size=1,
         pad_token_id=1,

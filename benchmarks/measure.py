@@ -10,6 +10,16 @@ import subprocess
 import sys
 import time
 
+# The BERT-base shape in the argument names BertConfig, LongformerConfig and swapformer's EncoderConfig
+# share, and the post-norm layout swapformer's encoder needs to be BERT (norms after each residual, one
+# on the embeddings).
+BERT_BASE = {
+    "hidden_size": 768,
+    "num_hidden_layers": 12,
+    "num_attention_heads": 12,
+    "intermediate_size": 3072,
+}
+POST_NORM = {"pre_norm": False, "embedding_norm": True}
 # freed buffers go back to the system at once, so `peak_extra_mib` sees each new one
 EAGER_FREE = {"MALLOC_MMAP_THRESHOLD_": "65536"}
 
