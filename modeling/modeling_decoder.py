@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 from torch import nn
-from transformers import Cache, DynamicCache
+from transformers import Cache
 from transformers.modeling_outputs import (
     BaseModelOutputWithPast,
     CausalLMOutputWithPast,
@@ -13,6 +13,7 @@ from transformers.modeling_outputs import (
 from typing_extensions import Unpack
 
 from ..configuration.configuration_swapformer import DecoderConfig
+from .cache import dynamic_cache
 from .decoding_weights import SwapformerGenerationMixin
 from .heads import (
     BaseModelKwargs,
@@ -77,7 +78,7 @@ class DecoderModel(StackMixin, DecoderPreTrainedModel):
         cache = cache_argument(self, cache, kwargs, input_ids if input_ids is not None else inputs_embeds)
         # A cache the caller passed is always read and updated; one is only created on request.
         if use_cache_unless_checkpointing(self, use_cache) and cache is None:
-            cache = DynamicCache(config=self.config)
+            cache = dynamic_cache(self.config)  # swapformer's layer objects (cache.fresh_cache)
         h, hidden, attns, _ = self.forward_stack(
             input_ids=input_ids,
             inputs_embeds=inputs_embeds,

@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import torch
 from torch import nn
-from transformers import Cache, DynamicCache, EncoderDecoderCache
+from transformers import Cache, EncoderDecoderCache
 from transformers.modeling_outputs import BaseModelOutput, Seq2SeqLMOutput, Seq2SeqModelOutput
 from typing_extensions import Unpack
 
 from ..configuration.configuration_swapformer import Seq2SeqConfig
+from .cache import dynamic_cache
 from .decoding_weights import SwapformerGenerationMixin
 from .heads import (
     PACKING_INPUTS,
@@ -132,7 +133,7 @@ class Seq2SeqModel(Seq2SeqPreTrainedModel):
     def decoder_cache(self, cache: Cache | None, use_cache: bool | None) -> Cache | None:
         """The caller's cache, always read and updated, or a new one on request (`use_cache`)."""
         if use_cache_unless_checkpointing(self, use_cache) and cache is None:
-            cache = EncoderDecoderCache(DynamicCache(config=self.config), DynamicCache(config=self.config))
+            cache = EncoderDecoderCache(dynamic_cache(self.config), dynamic_cache(self.config))
         if isinstance(cache, EncoderDecoderCache):
             keep_all_encoder_keys(cache)
         return cache

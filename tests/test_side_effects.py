@@ -256,9 +256,10 @@ def test_a_users_cache_keeps_its_layer_objects_and_decodes_as_the_uncached_forwa
     assert [type(layer) for layer in cache.layers] == classes
 
 
-def test_the_cache_generate_builds_gets_swapformers_window_of_one():
-    """The cache generate() builds for itself (not a user's) gets swapformer's window-1 layer, which keeps
-    no key between steps, and decodes what a user's cache with transformers' layer decodes."""
+def test_the_caches_swapformer_builds_get_its_window_of_one():
+    """The cache generate() builds for itself (not a user's), and the one a forward with `use_cache=True`
+    makes, get swapformer's window-1 layer, which keeps no key between steps; it decodes what a user's
+    cache with transformers' layer decodes."""
     config = tiny_config("decoder", layer_types=["sliding_attention", "full_attention"], sliding_window=1)
     model = build(swapformer.DecoderForCausalLM, config).eval()
     ids = torch.tensor([[5, 6, 7, 8]])
@@ -269,3 +270,6 @@ def test_the_cache_generate_builds_gets_swapformers_window_of_one():
     assert type(users.cache.layers[0]) is DynamicSlidingWindowLayer
     assert torch.equal(own.sequences, users.sequences)
     assert max(max_diff(a, b) for a, b in zip(own.logits, users.logits)) <= 1e-5
+    with torch.no_grad():
+        made = model(ids, use_cache=True).cache
+    assert isinstance(made.layers[0], SlidingWindowLayer) and made.layers[0].keys.shape[-2] == 0
