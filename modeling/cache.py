@@ -271,13 +271,18 @@ def fresh_cache(cache: Cache) -> Cache:
     generation's length keep one compiled shape (`StaticWindowLayer`). New objects are put in the new
     cache's layer lists; no object a user holds is changed (a user's cache is read as it is)."""
     self_attention = getattr(cache, "self_attention_cache", cache)
-    for part in (self_attention, getattr(cache, "cross_attention_cache", None)):
-        layers = getattr(part, "layers", None) or []
-        for i, layer in enumerate(layers):
-            if type(layer) is DynamicSlidingWindowLayer and layer.sliding_window == 1:
-                layers[i] = SlidingWindowLayer(sliding_window=1)
-                layers[i].record_past = layer.record_past  # generate() may have set it already
     layers = self_attention.layers
+    for i, layer in enumerate(layers):
+        if type(layer) is DynamicSlidingWindowLayer and layer.sliding_window == 1:
+            layers[i] = SlidingWindowLayer(sliding_window=1)
+            layers[i].record_past = layer.record_past  # generate() may have set it already
+    cross = getattr(cache, "cross_attention_cache", None)
+    if cross is not None:  # transformers built it from the decoder's layer types: cross-attention reads
+        # every encoder key at every step, so no window layer may drop one
+        cross.layers[:] = [
+            DynamicLayer() if getattr(layer, "is_sliding", False) and not layer.is_initialized else layer
+            for layer in cross.layers
+        ]
     windows = [i for i, layer in enumerate(layers) if type(layer) is StaticSlidingWindowLayer]
     spans = [layer.max_cache_len for layer in layers if type(layer) is StaticLayer]
     # a cache of window layers only stays as it is (compiled, one graph per step), as does one that

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 from torch import nn
-from transformers import Cache, EncoderDecoderCache
+from transformers import Cache, DynamicCache, EncoderDecoderCache
 from transformers.modeling_outputs import BaseModelOutput, Seq2SeqLMOutput, Seq2SeqModelOutput
 from typing_extensions import Unpack
 
@@ -28,7 +28,7 @@ from .linear import project
 from .losses import check_label_ids, token_cross_entropy
 from .modeling_base import SwapformerPreTrainedModel
 from .packing import find_packed_sequences
-from .seq2seq_stack import Seq2SeqStack, keep_all_encoder_keys
+from .seq2seq_stack import Seq2SeqStack, check_cross_attention_cache
 
 
 def shift_tokens_right(
@@ -133,9 +133,9 @@ class Seq2SeqModel(Seq2SeqPreTrainedModel):
     def decoder_cache(self, cache: Cache | None, use_cache: bool | None) -> Cache | None:
         """The caller's cache, always read and updated, or a new one on request (`use_cache`)."""
         if use_cache_unless_checkpointing(self, use_cache) and cache is None:
-            cache = EncoderDecoderCache(dynamic_cache(self.config), dynamic_cache(self.config))
+            cache = EncoderDecoderCache(dynamic_cache(self.config), DynamicCache())
         if isinstance(cache, EncoderDecoderCache):
-            keep_all_encoder_keys(cache)
+            check_cross_attention_cache(cache)
         return cache
 
     def forward(

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 from torch import nn
-from transformers import Cache, DynamicLayer, EncoderDecoderCache
+from transformers import Cache, EncoderDecoderCache
 from transformers.modeling_outputs import BaseModelOutput, BaseModelOutputWithPastAndCrossAttentions
 
 from ..configuration.configuration_swapformer import Seq2SeqConfig
@@ -13,14 +13,19 @@ from .packing import PackedSequences
 from .stack import StackMixin
 
 
-def keep_all_encoder_keys(cache: EncoderDecoderCache) -> None:
-    """Cross-attention reads every encoder key at every step. transformers builds the cross-attention
-    cache from the decoder's layer types, so a sliding decoder layer would get a windowed cache that
-    drops encoder keys; such layers are replaced by plain ones before anything is stored."""
-    layers = cache.cross_attention_cache.layers
-    for i, layer in enumerate(layers):
+def check_cross_attention_cache(cache: EncoderDecoderCache) -> None:
+    """Refuse a cross-attention cache with a window layer not yet filled: cross-attention reads every
+    encoder key at every step, and transformers builds such layers when the cross-attention part is made
+    from a config with sliding decoder layers (`DynamicCache(config=...)`); they would drop encoder keys.
+    The caches swapformer builds (generate(), `use_cache=True`) never hold one; a user's is not rebuilt."""
+    for i, layer in enumerate(cache.cross_attention_cache.layers):
         if getattr(layer, "is_sliding", False) and not cache.is_updated.get(i):
-            layers[i] = DynamicLayer()
+            raise ValueError(
+                f"the cross-attention part of this EncoderDecoderCache has a window layer at layer {i} "
+                f"({type(layer).__name__}), which would drop encoder keys that cross-attention reads at every "
+                "step; build it without the config: EncoderDecoderCache(DynamicCache(config=model.config), "
+                "DynamicCache()), or let the model make its cache (use_cache=True, or generate())"
+            )
 
 
 class Seq2SeqStack(StackMixin, nn.Module):
@@ -97,4 +102,4 @@ class Seq2SeqStack(StackMixin, nn.Module):
         return model_output(self.config, out, return_dict)
 
 
-__all__ = ["Seq2SeqStack", "keep_all_encoder_keys"]
+__all__ = ["Seq2SeqStack", "check_cross_attention_cache"]

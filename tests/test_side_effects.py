@@ -273,3 +273,38 @@ def test_the_caches_swapformer_builds_get_its_window_of_one():
     with torch.no_grad():
         made = model(ids, use_cache=True).cache
     assert isinstance(made.layers[0], SlidingWindowLayer) and made.layers[0].keys.shape[-2] == 0
+
+
+def test_a_users_encoder_decoder_cache_is_read_not_rebuilt():
+    """A seq2seq with sliding decoder layers: transformers builds the cross-attention part of an
+    `EncoderDecoderCache` from the decoder's layer types, so a cache made by the user that way holds
+    window layers that would drop encoder keys. swapformer refuses it, naming the layer and the fix,
+    instead of replacing the user's layer objects; the caches it builds itself (generate(),
+    `use_cache=True`) keep every encoder key and decode as the uncached forward does."""
+    from transformers import EncoderDecoderCache
+
+    config = tiny_config(
+        "seq2seq",
+        layer_types=["sliding_attention", "full_attention"],
+        sliding_window=2,
+        decoder_layer_types=["sliding_attention", "full_attention"],
+    )
+    model = build(swapformer.Seq2SeqForConditionalGeneration, config).eval()
+    ids, decoder_ids = torch.tensor([[5, 6, 7, 8, 9, 10]]), torch.tensor([[1, 5, 6]])
+    users = EncoderDecoderCache(DynamicCache(config=model.config), DynamicCache(config=model.config))
+    cross = list(users.cross_attention_cache.layers)
+    with pytest.raises(
+        ValueError, match=r"cross-attention.*layer 0.*DynamicSlidingWindowLayer.*DynamicCache\(\)"
+    ):
+        model(ids, decoder_input_ids=decoder_ids, cache=users)
+    assert all(a is b for a, b in zip(users.cross_attention_cache.layers, cross))
+    good = EncoderDecoderCache(DynamicCache(config=model.config), DynamicCache())
+    with torch.no_grad():
+        first = model(ids, decoder_input_ids=decoder_ids[:, :2], cache=good)
+        step = model(ids, decoder_input_ids=decoder_ids[:, 2:], cache=good).logits[:, -1]
+        want = model(ids, decoder_input_ids=decoder_ids, use_cache=False).logits[:, -1]
+        made = model(ids, decoder_input_ids=decoder_ids[:, :2], use_cache=True).cache
+    assert first.cache is good and max_diff(step, want) <= 1e-5
+    assert not any(getattr(layer, "is_sliding", False) for layer in made.cross_attention_cache.layers)
+    out = model.generate(ids, max_new_tokens=3, do_sample=False, return_dict_in_generate=True)
+    assert not any(getattr(layer, "is_sliding", False) for layer in out.cache.cross_attention_cache.layers)
