@@ -47,9 +47,10 @@ from transformers import LongformerConfig, LongformerModel
 
 import swapformer
 from swapformer.modeling.attention import eager_attention_forward
+from swapformer.modeling.bigbird import random_layouts
 from swapformer.modeling.linear import cpu_info, linear
 from swapformer.modeling.lowering import lower
-from swapformer.modeling.masks import AttentionPattern, random_layouts
+from swapformer.modeling.masks import AttentionPattern
 from swapformer.modeling.sparse import sparse_attention_forward
 
 HEADS, HEAD_DIM, BLOCK, WINDOW, GLOBALS, RANDOM = 12, 64, 64, 129, 1, 3

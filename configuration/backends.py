@@ -243,6 +243,19 @@ def compiles(backend: str, kind: str, device: str) -> bool:
     return device in caps.compile
 
 
+# The facts `check_backend_for_forward` checks, as sets a forward reads without calling into this module
+# (modeling/attention.py: check_backend_for_batch); the refusal and its words stay above.
+TRAINS_ON = frozenset((name, device) for name, caps in BACKENDS.items() for device in caps.backward)
+APPLIES_DROPOUT = frozenset(name for name, caps in BACKENDS.items() if caps.dropout)
+COMPILES_ON = frozenset(
+    (name, kind, device)
+    for name in BACKENDS
+    for kind in PATTERNS
+    for device in {d for caps in BACKENDS.values() for d in caps.compile}
+    if compiles(name, kind, device)
+)
+
+
 def _names(backends: list[str]) -> str:
     quoted = [repr(n) for n in backends]
     if not quoted:
@@ -251,12 +264,15 @@ def _names(backends: list[str]) -> str:
 
 
 __all__ = [
+    "APPLIES_DROPOUT",
     "BACKENDS",
+    "COMPILES_ON",
     "DESCRIPTIONS",
     "FEATURES",
     "LAYER_TYPE_PATTERN",
     "PATTERNS",
     "PER_LAYER_BACKEND",
+    "TRAINS_ON",
     "UNSUPPORTED",
     "Capabilities",
     "capability_table_markdown",

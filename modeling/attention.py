@@ -25,8 +25,14 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..configuration.backends import check_backend_available, check_backend_for_forward, compiles
-from .lowering import lower
+from ..configuration.backends import (
+    APPLIES_DROPOUT,
+    COMPILES_ON,
+    TRAINS_ON,
+    check_backend_available,
+    check_backend_for_forward,
+)
+from .lowering import LOWERINGS
 from .masks import AttentionPattern
 
 
@@ -136,17 +142,25 @@ def check_backend_for_model(name: str, model: nn.Module, is_init_check: bool = F
 
 
 def check_backend_for_batch(backend: str, kind: str, module: nn.Module, device: torch.device) -> None:
-    """The checks of `check_backend_for_forward` for one layer kind of `module`'s forward on `device`.
-    Under torch.compile the compile check is traced as a constant; outside it costs a few comparisons."""
-    check_backend_for_forward(
-        backend,
-        kind,
-        module.config,
-        device.type,
-        training=module.training,
-        needs_grad=torch.is_grad_enabled(),
-        compiling=torch.compiler.is_compiling(),
-    )
+    """The checks of `check_backend_for_forward` for one layer kind of `module`'s forward on `device`,
+    read from the table's sets (`TRAINS_ON`, ...); the table's refusal is raised when one fails."""
+    training, compiling = module.training, torch.compiler.is_compiling()
+    grads = training and torch.is_grad_enabled()
+    dropout = training and module.config.attention_dropout > 0
+    if (
+        (grads and (backend, device.type) not in TRAINS_ON)
+        or (dropout and backend not in APPLIES_DROPOUT)
+        or (compiling and (backend, kind, device.type) not in COMPILES_ON)
+    ):
+        check_backend_for_forward(
+            backend,
+            kind,
+            module.config,
+            device.type,
+            training=training,
+            needs_grad=torch.is_grad_enabled(),
+            compiling=compiling,
+        )
 
 
 @torch.compiler.disable
@@ -163,17 +177,19 @@ def call_attention(fn, backend: str, kind: str, module: nn.Module, *args, **kwar
     device = args[0].device  # the query
     if torch.compiler.is_compiling():
         check_backend_for_batch(backend, kind, module, device)
-    if compiles(backend, kind, device.type):
+    if (backend, kind, device.type) in COMPILES_ON:
         return fn(module, *args, **kwargs)
     return run_uncompiled(fn, module, *args, **kwargs)
 
 
 def lower_mask(pattern: AttentionPattern, backend: str, dtype):
-    """`masks.lower`, run outside torch.compile where `backend` does not compile on the pattern's device
-    (torch inductor miscompiles flex's BlockMask construction on CPU; sparse sizes its layout from data)."""
-    if compiles(backend, pattern.kind, pattern.device.type):
-        return lower(pattern, backend, dtype)
-    return run_uncompiled(lower, pattern, backend, dtype)
+    """The lowering of `pattern` for `backend` (`lowering.LOWERINGS`), run outside torch.compile where
+    `backend` does not compile on the pattern's device (torch inductor miscompiles flex's BlockMask
+    construction on CPU; sparse sizes its layout from data)."""
+    lower = LOWERINGS[backend]
+    if (backend, pattern.kind, pattern.device.type) in COMPILES_ON:
+        return lower(pattern, dtype)
+    return run_uncompiled(lower, pattern, dtype)
 
 
 def fold_groups(query, mask, kv_heads: int):

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from .masks import MASKED_AT_MOST, custom_allowed
+from .custom_masks import check_custom_mask, custom_allowed, refuse_packing_with_custom_mask
 from .packing import PackedSequences, find_packed_sequences
 
 
@@ -99,7 +99,7 @@ def _check_attention_mask(
             )
         return max(spans)
     if attention_mask.dim() == 4:
-        _check_custom_mask(attention_mask, batch, length, spans, prefix, lambda: _keys(spans, past, length))
+        check_custom_mask(attention_mask, batch, length, spans, past, prefix)
         return attention_mask.shape[-1]
     if attention_mask.dim() != 2 or attention_mask.shape[0] != batch or attention_mask.shape[1] not in spans:
         # the words are built here only: under torch.compile `past` may be symbolic, and dynamo cannot
@@ -112,63 +112,6 @@ def _check_attention_mask(
             f"(batch, 1, query={length}, key={keys}))"
         )
     return attention_mask.shape[1]
-
-
-def _keys(spans: set, past, length: int) -> str:
-    """The key lengths a mask may have, in words (e.g. "12) (8 cached + 4 new")."""
-    keys = " or ".join(map(str, sorted(spans))) or "every cache slot"
-    cached = f" ({past} cached + {length} new)" if isinstance(past, int) and past else ""
-    return f"{keys}){cached}"
-
-
-def _check_custom_mask(mask: torch.Tensor, batch: int, length: int, spans: set, prefix: str, keys) -> None:
-    """A 4D mask (B or 1, 1, T, past + T): bool, True where a query may attend a key, or float, 0 there and
-    at most `MASKED_AT_MOST` elsewhere (transformers' masks hold the dtype's minimum). Its values are
-    checked in eager mode only (see the module docstring). `keys()` says the key lengths that fit."""
-    name = f"{prefix}attention_mask"
-    if mask.dtype != torch.bool and not mask.dtype.is_floating_point:
-        raise TypeError(
-            f"4D {name} has dtype {mask.dtype}; it must be bool (True where a query may attend a key) or float "
-            "(0 where it may, a large negative value such as torch.finfo(dtype).min where not)"
-        )
-    b, heads, t, s = mask.shape
-    if b not in (1, batch) or heads != 1 or t != length or s not in spans:
-        raise ValueError(
-            f"4D {name} has shape {tuple(mask.shape)} but the inputs need (batch={batch} or 1, 1, query={length}, "
-            f"key={keys()}: the second dimension is 1, one mask for every head (per-head masks are not supported)"
-        )
-    if mask.dtype != torch.bool and not torch.compiler.is_compiling():
-        _check_float_mask_values(mask, name)
-
-
-def _check_float_mask_values(mask: torch.Tensor, name: str) -> None:
-    """A float mask is a mask, not a bias: each value keeps a key (0) or removes it."""
-    rule = (
-        f"a float mask holds 0 where a query may attend a key and at most {MASKED_AT_MOST:g} (such as "
-        "torch.finfo(dtype).min or -inf) where not"
-    )
-    if bool(mask.isnan().any()):
-        raise ValueError(f"4D {name} holds NaN; {rule}")
-    top = float(mask.max())
-    if top > 0:
-        raise ValueError(f"4D {name} holds the positive value {top}; {rule}")
-    soft = mask[(mask < 0) & (mask > MASKED_AT_MOST)]
-    if soft.numel():
-        raise ValueError(
-            f"4D {name} holds {float(soft[0])}, between {MASKED_AT_MOST:g} and 0: a soft bias, which swapformer "
-            f"does not add to the scores; {rule}, or pass a bool mask"
-        )
-
-
-def refuse_packing_with_custom_mask(packing_inputs: dict, prefix: str) -> None:
-    """A 4D mask says which keys each query sees, packed sequences included: boundaries beside it would be
-    a second, possibly different, statement of the same thing."""
-    given = [name for name, value in packing_inputs.items() if value is not None]
-    if given:
-        raise ValueError(
-            f"A 4D {prefix}attention_mask cannot be combined with packed-sequence boundaries ({', '.join(given)}): "
-            "the mask already says which keys each query sees; pass one or the other"
-        )
 
 
 def check_global_mask(marks, batch: int, past, length: int, span: int, prefix: str = ""):

@@ -1,5 +1,6 @@
 """Lowering: the mask each backend consumes, made from an `AttentionPattern` (masks.py) once per
-forward per attention kind.
+forward per attention kind. eager's and sdpa's forms are made in masks.py (the plain path); the
+kernels' here; `LOWERINGS` is the table of all of them, which `attention.lower_mask` reads.
 
 Lowered forms (B batch, H heads, T queries, S keys):
     eager   additive float (B, 1 or H, T, S): 0 allowed, -inf not, plus position bias; or None
@@ -21,22 +22,8 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from ..configuration.backends import BACKENDS, capable, require
-from .masks import AttentionPattern, KernelMask
+from .masks import AttentionPattern, KernelMask, lower_eager, lower_sdpa
 from .sparse_layout import lower_sparse
-
-
-def lower_eager(pattern: AttentionPattern, dtype):
-    if pattern.is_trivial() and not pattern.causal:
-        return None
-    return pattern.additive(dtype)
-
-
-def lower_sdpa(pattern: AttentionPattern, dtype):
-    if pattern.is_trivial():
-        return None
-    if pattern.bias_fn is not None:
-        return pattern.additive(dtype)
-    return pattern.dense_allowed()
 
 
 def lower_sparse_backend(pattern: AttentionPattern, dtype):

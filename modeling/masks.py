@@ -24,7 +24,7 @@ vmap (flex's `mask_mod`), and every backend therefore computes the same function
     window:    0 <= q - k < w (causal), |q - k| < w (bidirectional), w = `sliding_window`
     global:    a real token whose position (counted over real tokens) is < `global_tokens`, or one
                `global_attention_mask` marks; padding is never global
-    random_block: ((q - s) // b, (k - s) // b) is a pair of `random_block_table(seed, n, n, ...)`,
+    random_block: ((q - s) // b, (k - s) // b) is a pair of `bigbird.random_block_table(seed, n, n, ...)`,
                b = `attention_block_size`, s = the first real token of q's sequence (of its row, or
                for packed rows of its packed sequence; cached tokens included, so a left-padded
                row's s is its padding count at every decoding step): the layout the sequence has
@@ -39,90 +39,19 @@ vmap (flex's `mask_mod`), and every backend therefore computes the same function
                reaches; a full layer's causality is the mask's to state (transformers uses a 4D mask as
                the whole mask), so a prefix-LM or any other mask runs as LlamaModel runs it
 
-The mask each backend consumes is lowered from the pattern by lowering.py.
+The mask each backend consumes is lowered from the pattern once per forward: eager's and sdpa's here
+(`lower_eager`, `lower_sdpa`), the kernels' in lowering.py, which holds the table of both (`LOWERINGS`).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import random
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 
 from .packing import PackedSequences
-
-# A float 4D mask holds 0 where a query may attend a key and at most this where not (transformers' masks
-# hold the dtype's minimum, BERT's original code -10000); values between are refused (inputs.py).
-MASKED_AT_MOST = -1e4
-
-
-def custom_allowed(mask: torch.Tensor, batch: int) -> torch.Tensor:
-    """A checked 4D attention_mask (B or 1, 1, T, S), bool or float -> (B, T, S) bool, True where allowed."""
-    allowed = mask if mask.dtype == torch.bool else mask > MASKED_AT_MOST
-    return allowed[:, 0].expand(batch, -1, -1)
-
-
-def random_block_table(
-    seed: int, n_query_blocks: int, n_key_blocks: int, per_block: int, causal: bool, device=None
-) -> torch.Tensor:
-    """BigBird's random key blocks: (n_query_blocks, n_key_blocks) bool.
-
-    Query block j draws min(`per_block`, choices) distinct key blocks from the choices 0..j when
-    causal, 0..n_key_blocks-1 otherwise, as `random.Random(seed * 1_000_003 + j * 8_191 + (0 if causal
-    else n_key_blocks)).sample(choices, ...)`: the same layout in every process and on every backend,
-    and a block's draw does not change as a causal sequence grows.
-    """
-    table = torch.zeros(n_query_blocks, n_key_blocks, dtype=torch.bool)
-    for j in range(n_query_blocks):
-        choices = range(min(j + 1, n_key_blocks)) if causal else range(n_key_blocks)
-        rng = random.Random(seed * 1_000_003 + j * 8_191 + (0 if causal else n_key_blocks))
-        picked = rng.sample(list(choices), min(per_block, len(choices)))
-        table[j, picked] = True
-    return table.to(device)
-
-
-def random_layouts(
-    seed: int,
-    lengths: torch.Tensor,
-    n_blocks: int,
-    block_size: int,
-    per_block: int,
-    causal: bool,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """BigBird's random blocks of queries whose sequences hold `lengths` (B, T) real tokens, each in the
-    layout its sequence has alone (blocks counted from the sequence's first real token).
-
-    Bidirectional: a sequence of n = ceil(length / b) blocks draws `random_block_table(seed, n, n, ...)`;
-    causal: one table of `n_blocks` serves every length (a query block's draw does not depend on it).
-    Which lengths occur is data, so while compiling or exporting the bidirectional tables cover every n
-    in 1..`n_blocks` instead of those present (no data-dependent shape or branch).
-    Returns the layouts, zero-padded to the longest, (layouts, N, N) bool, and each query's (B, T)
-    index into them.
-    """
-    device = lengths.device
-    if causal:
-        return _layout_tables(seed, (n_blocks,), per_block, True).to(device), torch.zeros_like(lengths)
-    blocks = ((lengths + block_size - 1) // block_size).clamp(1, n_blocks)
-    if torch.compiler.is_compiling():  # exporting too
-        sizes = tuple(range(1, n_blocks + 1))
-        index = blocks - 1
-    else:
-        sizes = tuple(sorted(set(blocks.unique().tolist())))
-        index = torch.searchsorted(torch.tensor(sizes, device=device), blocks)
-    return _layout_tables(seed, sizes, per_block, False).to(device), index
-
-
-@torch.compiler.assume_constant_result  # plain Python draws from ints: a constant of a traced graph
-def _layout_tables(seed: int, sizes: tuple[int, ...], per_block: int, causal: bool) -> torch.Tensor:
-    """`random_block_table(seed, n, n, ...)` for each n of `sizes`, zero-padded to the longest:
-    (len(sizes), N, N) bool."""
-    longest = max(sizes)
-    tables = torch.zeros(len(sizes), longest, longest, dtype=torch.bool)
-    for i, n in enumerate(sizes):
-        tables[i, :n, :n] = random_block_table(seed, n, n, per_block, causal)
-    return tables
 
 
 @dataclass(frozen=True)
@@ -148,7 +77,7 @@ class AttentionPattern:
         total_length: tokens seen so far (P + T); key slots at or beyond it are empty cache rows.
         key_valid: (B, S) False for padding keys, or None.
         global_keys: (B, S) keys everyone attends; global_queries: (B, T) queries attending all.
-        random_table: (layouts, N, N) bool, for bigbird (`random_layouts`), with `random_index` (B, T)
+        random_table: (layouts, N, N) bool, for bigbird (`bigbird.random_layouts`), with `random_index` (B, T)
             naming each query's layout and `random_start` (B, T) the absolute index of the first real
             token of its sequence, where its blocks are counted from.
         query_packing, key_packing: the packed sequences of the queries (B, T) and of the keys (B, S),
@@ -316,3 +245,23 @@ class AttentionPattern:
         if bias is None:
             return torch.where(allowed, zero, neg_inf)
         return torch.where(allowed, bias.to(dtype), neg_inf)
+
+
+# Lowered for eager and sdpa (the kernels' forms: lowering.py) ------------------------------------
+
+
+def lower_eager(pattern: AttentionPattern, dtype):
+    """eager's mask: additive float (B, 1 or H, T, S), or None where nothing is masked."""
+    if pattern.is_trivial() and not pattern.causal:
+        return None
+    return pattern.additive(dtype)
+
+
+def lower_sdpa(pattern: AttentionPattern, dtype):
+    """sdpa's mask: bool (B, 1, T, S), additive float with a bias, or None where `is_causal` (or
+    nothing) says it."""
+    if pattern.is_trivial():
+        return None
+    if pattern.bias_fn is not None:
+        return pattern.additive(dtype)
+    return pattern.dense_allowed()

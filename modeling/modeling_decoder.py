@@ -140,7 +140,9 @@ class DecoderForCausalLM(TaskHead, DecoderPreTrainedModel, SwapformerGenerationM
 
     def head_outputs(self, out, labels, shift_labels, logits_to_keep, num_items_in_batch=None) -> dict:
         logits = project(self.lm_head, keep_positions(out.last_hidden_state, logits_to_keep))
-        return dict(loss=causal_lm_loss(logits, labels, shift_labels, num_items_in_batch), logits=logits)
+        wanted = labels is not None or shift_labels is not None  # losses.py runs only then
+        loss = causal_lm_loss(logits, labels, shift_labels, num_items_in_batch) if wanted else None
+        return dict(loss=loss, logits=logits)
 
     def _update_model_kwargs_for_generation(
         self, outputs, model_kwargs, is_encoder_decoder: bool = False, num_new_tokens: int = 1

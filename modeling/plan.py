@@ -17,14 +17,16 @@ from dataclasses import dataclass
 
 import torch
 
-from ..configuration.backends import DESCRIPTIONS, LAYER_TYPE_PATTERN, check_batch_feature
+from ..configuration.backends import LAYER_TYPE_PATTERN, PER_LAYER_BACKEND, check_batch_feature
 from ..configuration.configuration_swapformer import GLOBAL_KINDS
 from .attention import check_backend_for_batch, eager_attention_forward, lower_mask
-from .cache import CacheView, KeyGeometry
+from .bigbird import random_blocks
+from .cache import CacheView
+from .custom_masks import custom_mask_at_keys, refuse_custom_mask_backends
 from .hf_compat import ALL_ATTENTION_FUNCTIONS
 from .inputs import Positions, new_columns
 from .linformer import LinformerProjections
-from .masks import AttentionPattern, KernelMask, random_layouts
+from .masks import AttentionPattern, KernelMask
 from .packing import PackedSequences, check_cross_packing
 from .streaming import sink_shift
 
@@ -111,14 +113,14 @@ class ForwardPlan:
             lt: self_attention_pattern(stack, lt, positions, cache, global_mask)
             for lt in dict.fromkeys(stack.layer_types)
         }
-        backends = {lt: config.backend_for(lt) for lt in patterns}
+        backends = layer_backends(config, patterns)
         if positions.packing is not None or encoder_packing is not None:
             for backend in sorted(set(backends.values())):
                 check_batch_feature(
                     backend, "packing", "packed sequences (restarting position_ids, cu_seq_lens_* or seq_idx)"
                 )
         if positions.custom is not None:
-            check_custom_mask(stack, backends.values())
+            refuse_custom_mask_backends(stack, backends.values())
         for lt, pattern in patterns.items():
             check_backend_for_batch(backends[lt], pattern.kind, stack, positions.device)
         linformer = getattr(stack, "linformer", None)
@@ -149,22 +151,18 @@ class ForwardPlan:
         return cls(positions, rope, layers, cross, masks, cross_masks)
 
 
+def layer_backends(config, layer_types) -> dict[str, str]:
+    """{layer type: backend}, read from the config's data (`SwapformerConfig.backend_for` says the same):
+    the backend's name, or the name of the per-layer dispatcher and its mapping."""
+    name = config._attn_implementation_internal or "eager"
+    if name == PER_LAYER_BACKEND:
+        return config._attn_layer_backends
+    return dict.fromkeys(layer_types, name)
+
+
 def _unzip(made: dict[str, tuple[LayerPlan, object]]) -> tuple[dict, dict]:
     """{layer type: (plan, mask)} -> ({layer type: plan}, {layer type: mask})."""
     return {lt: plan for lt, (plan, _) in made.items()}, {lt: mask for lt, (_, mask) in made.items()}
-
-
-def check_custom_mask(stack, backends) -> None:
-    """The table's refusal of a 4D attention_mask by a backend without the `custom_mask` column; and
-    Linformer's, whose layers attend to projected rows that no token mask applies to."""
-    for backend in sorted(set(backends)):
-        check_batch_feature(backend, "custom_mask", DESCRIPTIONS["custom_mask"])
-    if getattr(stack, "linformer", None) is not None:
-        raise ValueError(
-            f"A 4D attention_mask cannot apply to Linformer's projected keys and values (linformer_k="
-            f"{stack.config.linformer_k} mixes every token into each projected key); pass a (batch, length) "
-            "padding mask, or use a model without linformer_k"
-        )
 
 
 # Patterns ----------------------------------------------------------------------------------------------
@@ -200,8 +198,7 @@ def self_attention_pattern(stack, layer_type: str, pos: Positions, cache: CacheV
     if kind == "bigbird":
         extra.update(random_blocks(config, stack.causal, pos, keys))
     if pos.custom is not None:
-        picked = pos.custom[:, :, index.clamp(0, pos.custom.shape[-1] - 1)]
-        extra.update(custom_mask=picked.masked_fill(index >= pos.custom.shape[-1], False))
+        extra.update(custom_mask=custom_mask_at_keys(pos.custom, index))
     has_bias = config.position_embedding_type in ("alibi", "relative_bias")
     return AttentionPattern(
         kind=kind,
@@ -236,30 +233,6 @@ def global_tokens(config, kind: str, pos: Positions, global_mask) -> torch.Tenso
     if pos.key_valid is not None:
         is_global = is_global & pos.key_valid
     return is_global
-
-
-def random_blocks(config, causal: bool, pos: Positions, keys: KeyGeometry) -> dict:
-    """BigBird's random blocks (`random_table`, `random_index`, `random_start` of a pattern): every
-    query's blocks are counted from the first real token of its sequence (its row's, or its packed
-    sequence's), in the layout that sequence has alone, so padding and the rest of the batch change
-    nothing (docs/architecture.md, decision 7). A row holds one sequence unless packed: its start and real length
-    come from the padding mask over all P + T tokens, cached ones included, so a left-padded prompt
-    keeps its start while it grows."""
-    bs, total, t = config.attention_block_size, pos.total, pos.length
-    if pos.packing is not None:
-        starts, lengths = pos.packing.starts, pos.packing.lengths
-    elif pos.key_valid is not None:
-        alone = PackedSequences.from_starts(torch.zeros_like(pos.key_valid), pos.key_valid)
-        starts, lengths = new_columns(alone.starts, pos.past, t), new_columns(alone.lengths, pos.past, t)
-    else:
-        starts = torch.zeros(pos.batch, t, dtype=torch.long, device=pos.device)
-        lengths = starts + total
-    # A tensor count (static cache, compiled) sizes the tables by the cache's slots instead: rows
-    # past the tokens are never read.
-    seen = total if isinstance(total, int) else pos.span
-    n_blocks = -(-max(seen, keys.offset + keys.length) // bs)
-    table, index = random_layouts(config.random_seed, lengths, n_blocks, bs, config.num_random_blocks, causal)
-    return dict(random_table=table, random_index=index, random_start=starts)
 
 
 def cross_attention_pattern(pos: Positions, encoder_hidden_states, encoder_attention_mask, encoder_packing):

@@ -1,7 +1,7 @@
 """Mutation check of the attention-pattern tests: does each rule have a test that fails without it?
 
 Each mutant removes or alters one rule of the pattern predicate (modeling/masks.py
-`AttentionPattern.allowed` and the BigBird draw; modeling/lowering.py for flash), of the sparse
+`AttentionPattern.allowed`; modeling/bigbird.py the BigBird draw; modeling/lowering.py for flash), of the sparse
 backend where it handles a rule itself (sparse_layout.py, sparse_globals.py: the dense pass of global query
 rows, the global-key and random-key segments, counting each key once, the band; sparse_native_call.py and
 csrc/sparse_native.cpp: the same rules in the native CPU kernels, and rows without keys), or of the pattern's construction (modeling/plan.py: global tokens; modeling/cache.py: the caches). For every
@@ -105,14 +105,14 @@ MUTANTS = [
     Mutant(
         "random blocks",
         "draw seeded without n_key_blocks (bidirectional)",
-        "modeling/masks.py",
+        "modeling/bigbird.py",
         "j * 8_191 + (0 if causal else n_key_blocks))",
         "j * 8_191)",
     ),
     Mutant(
         "random blocks",
         "causal draw may pick the next block",
-        "modeling/masks.py",
+        "modeling/bigbird.py",
         "choices = range(min(j + 1, n_key_blocks)) if causal",
         "choices = range(min(j + 2, n_key_blocks)) if causal",
     ),
@@ -126,14 +126,14 @@ MUTANTS = [
     Mutant(
         "random blocks (causal)",
         "causal draw seeded with the table size (the layout changes as the sequence grows)",
-        "modeling/masks.py",
+        "modeling/bigbird.py",
         "j * 8_191 + (0 if causal else n_key_blocks))",
         "j * 8_191 + n_key_blocks)",
     ),
     Mutant(
         "random blocks (layout)",
         "every sequence drawn in the layout of the longest row, not of its own length",
-        "modeling/masks.py",
+        "modeling/bigbird.py",
         "blocks = ((lengths + block_size - 1) // block_size).clamp(1, n_blocks)",
         "blocks = lengths * 0 + n_blocks",
     ),

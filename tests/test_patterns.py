@@ -16,7 +16,7 @@ from transformers import AutoModel
 import swapformer
 from swapformer.modeling import lowering as masks_module
 from swapformer.modeling.attention import attention_weights
-from swapformer.modeling.masks import random_block_table
+from swapformer.modeling.bigbird import random_block_table
 
 from conftest import (
     SPARSE_CPU_ROUTES,
@@ -150,7 +150,7 @@ RANDOM_SCRIPT = textwrap.dedent(
     from conftest import build, padded_batch
     import test_patterns as t
     import swapformer
-    from swapformer.modeling.masks import random_block_table
+    from swapformer.modeling.bigbird import random_block_table
     table = random_block_table(7, 12, 12, 3, causal=False)
     model = build(swapformer.EncoderModel, t.pattern_config("encoder", "bigbird_attention", random_seed=7), attn="sparse")
     ids, mask = padded_batch(length=t.LENGTH)

@@ -1,0 +1,101 @@
+"""The files a plain forward reads hold the plain path (issue 27, step 5): the code of a variant, of the
+capability table and of the losses runs only when the forward uses it. The per-forward backend checks read
+the table as sets; they must refuse exactly what the table's own check refuses."""
+
+from __future__ import annotations
+
+import itertools
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+import swapformer
+from swapformer import DecoderForCausalLM
+from swapformer.configuration.backends import BACKENDS, PATTERNS, check_backend_for_forward
+from swapformer.modeling.attention import check_backend_for_batch
+
+from conftest import tiny_config
+
+PACKAGE = Path(swapformer.__file__).resolve().parents[1]
+
+
+def files_run_by(call) -> set[str]:
+    """The package's files (relative paths) whose code runs during `call()`."""
+    seen: set[str] = set()
+
+    def tracer(frame, event, arg):
+        path = Path(frame.f_code.co_filename)
+        if PACKAGE in path.parents and ".venv" not in path.parts:
+            seen.add(str(path.relative_to(PACKAGE)))
+        return None
+
+    sys.settrace(tracer)
+    try:
+        call()
+    finally:
+        sys.settrace(None)
+    return seen
+
+
+def plain_decoder(backend: str = "sdpa") -> DecoderForCausalLM:
+    return DecoderForCausalLM(tiny_config("decoder", attn_implementation=backend)).eval()
+
+
+@pytest.mark.parametrize("backend", ["eager", "sdpa"])
+def test_a_plain_forward_reads_no_configuration_losses_or_variants(backend):
+    model = plain_decoder(backend)
+    ids = torch.randint(3, 90, (2, 12))
+    with torch.no_grad():
+        model(ids)  # first-call work (lazy imports) is not the forward
+        run = files_run_by(lambda: model(ids))
+    assert "modeling/plan.py" in run  # the tracer sees the core
+    outside = sorted(f for f in run if f.startswith("configuration/"))
+    assert not outside, f"a plain forward ran the configuration modules {outside}"
+    variants = ("losses.py", "packing.py", "sparse", "bigbird", "global_rows.py", "sinks.py", "streaming.py")
+    ran = sorted(f for f in run if any(Path(f).name.startswith(v) for v in variants))
+    assert not ran, f"a plain forward without labels ran {ran}"
+
+
+def test_labels_still_reach_the_loss():
+    model = plain_decoder()
+    ids = torch.randint(3, 90, (2, 12))
+    with torch.no_grad():
+        run = files_run_by(lambda: model(ids, labels=ids))
+    assert "modeling/losses.py" in run
+
+
+def refusal(check, *args, **kwargs) -> str | None:
+    try:
+        check(*args, **kwargs)
+    except ValueError as error:
+        return str(error)
+    return None
+
+
+@pytest.mark.parametrize("backend", list(BACKENDS))
+def test_forward_checks_read_from_sets_refuse_what_the_table_refuses(backend, monkeypatch):
+    """Every combination of training, gradients, attention dropout, torch.compile, layer kind and
+    device: the sets the forward reads refuse a batch exactly when `check_backend_for_forward` does,
+    with its words."""
+    states = itertools.product(
+        (False, True), (False, True), (0.0, 0.1), (False, True), PATTERNS, ("cpu", "cuda", "mps")
+    )
+    for training, grads, dropout, compiling, kind, device in states:
+        module = SimpleNamespace(training=training, config=SimpleNamespace(attention_dropout=dropout))
+        monkeypatch.setattr(torch.compiler, "is_compiling", (lambda flag: lambda: flag)(compiling))
+        with torch.set_grad_enabled(grads):
+            got = refusal(check_backend_for_batch, backend, kind, module, torch.device(device))
+        expected = refusal(
+            check_backend_for_forward,
+            backend,
+            kind,
+            module.config,
+            device,
+            training=training,
+            needs_grad=grads,
+            compiling=compiling,
+        )
+        assert got == expected, (training, grads, dropout, compiling, kind, device)
