@@ -26,7 +26,7 @@ from measure import machine  # noqa: E402
 import swapformer  # noqa: E402
 from swapformer.configuration.backends import BACKENDS, LAYER_TYPE_PATTERN  # noqa: E402
 
-LAYER_TYPES = ("full_attention", "sliding_attention", "sliding_global_attention", "bigbird_attention")
+LAYER_TYPES = tuple(LAYER_TYPE_PATTERN)
 
 
 def config_for(layer_type: str, length: int, **overrides):

@@ -9,6 +9,7 @@ import pathlib
 
 import swapformer
 from swapformer import visualize
+from swapformer.configuration.configuration_swapformer import LAYER_TYPES
 
 OUT = pathlib.Path(__file__).resolve().parents[1] / "docs" / "images"
 
@@ -17,7 +18,7 @@ def main() -> None:
     OUT.mkdir(parents=True, exist_ok=True)
     encoder = swapformer.EncoderConfig(
         num_hidden_layers=4,
-        layer_types=["full_attention", "sliding_attention", "sliding_global_attention", "bigbird_attention"],
+        layer_types=list(LAYER_TYPES),  # one layer of each type
         sliding_window=8,
         global_tokens=2,
         attention_block_size=8,

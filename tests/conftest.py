@@ -15,6 +15,7 @@ import transformers
 from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processors
 
 import swapformer
+from swapformer.configuration.configuration_swapformer import LAYER_TYPES
 from swapformer.modeling import sparse_native as sparse_cpu_module
 
 ARCHS = ("encoder", "decoder", "seq2seq")
@@ -25,6 +26,9 @@ VOCAB = 97
 SPARSE_CPU_ROUTES = ("torch", "native") if sparse_cpu_module._missing() is None else ("torch",)
 # The size of the tiny models; a test that builds a transformers model beside one uses it too.
 TINY_SIZE = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=48)
+# The size of the tiny transformers models that parity and conversion tests start from (Llama, StableLM,
+# BERT, Longformer); each test adds its vocabulary, positions and head layout.
+HF_SIZE = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=96)
 
 
 def tiny_config(arch: str, **overrides):
@@ -52,12 +56,19 @@ def tiny_config(arch: str, **overrides):
 # compiles); for a seq2seq, pass them as `decoder_layer_types` too.
 MIXED_LAYERS = dict(
     num_hidden_layers=4,
-    layer_types=["full_attention", "sliding_attention", "sliding_global_attention", "bigbird_attention"],
+    layer_types=list(LAYER_TYPES),
     sliding_window=3,
     global_tokens=1,
     attention_block_size=2,
     num_random_blocks=1,
 )
+
+
+# Multi-head latent attention at the tiny size: every width different, so a swapped one fails.
+MLA_TINY = dict(
+    position_embedding_type="rope", kv_lora_rank=8, q_lora_rank=12, qk_nope_head_dim=6, qk_rope_head_dim=4,
+    v_head_dim=5,
+)  # fmt: skip
 
 
 def pattern_config(arch, layer_type, **overrides):

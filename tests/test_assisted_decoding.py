@@ -11,13 +11,13 @@ import pytest
 import torch
 from transformers import DynamicCache, StaticCache
 
+from swapformer.configuration.configuration_swapformer import LAYER_TYPES
 from swapformer.modeling.cache import SlidingWindowLayer, dynamic_cache, static_cache
 from swapformer.modeling.hf_compat import DynamicSlidingWindowLayer
 from swapformer.modeling.int8_cache import Int8Cache
 
 from conftest import LM_CLASSES, build, generate_steps, max_diff, padded_batch, tiny_config
 
-LAYER_TYPES = ["full_attention", "sliding_attention", "sliding_global_attention", "bigbird_attention"]
 WINDOW = 3
 # Repeated n-grams, so that prompt lookup finds drafts; the tiny models soon repeat themselves too.
 PROMPT = torch.tensor([[5, 6, 7, 8, 9, 5, 6, 7, 8, 9, 5, 6]])

@@ -19,11 +19,11 @@ from transformers import DynamicCache, LlamaForCausalLM, LlamaForSequenceClassif
 
 import swapformer
 from swapformer.configuration.backends import BACKENDS
+from swapformer.configuration.configuration_swapformer import LAYER_TYPES
 
 from conftest import SPARSE_CPU_ROUTES, build, max_diff, padded_batch, pattern_config, tiny_config
 
 TOL = 1e-5
-LAYER_TYPES = ("full_attention", "sliding_attention", "sliding_global_attention", "bigbird_attention")
 # (backend, sparse CPU route): the sparse backend on each route this machine runs
 BACKEND_ROUTES = [("sdpa", None), *(("sparse", route) for route in SPARSE_CPU_ROUTES)]
 

@@ -13,6 +13,7 @@ import torch
 from transformers import DynamicCache, LogitsProcessor, LogitsProcessorList
 
 from swapformer.configuration.backends import BACKENDS
+from swapformer.configuration.configuration_swapformer import LAYER_TYPES
 from swapformer.modeling.decoding_weights import DecodingWeights
 from swapformer.modeling.linear import cpu_linear
 
@@ -194,9 +195,7 @@ WINDOW, GLOBALS = 4, 2
 
 
 @pytest.mark.parametrize("attn", DECODING)
-@pytest.mark.parametrize(
-    "layer_type", ["full_attention", "sliding_attention", "sliding_global_attention", "bigbird_attention"]
-)
+@pytest.mark.parametrize("layer_type", LAYER_TYPES)
 def test_windowed_caches_stop_growing_past_the_window(layer_type, attn):
     """Sliding layers keep the last window - 1 keys; window + global layers also keep the leading
     tokens up to the last global one; full and BigBird layers (random blocks reach anywhere) keep all."""

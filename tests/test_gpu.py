@@ -16,6 +16,7 @@ import pytest
 import torch
 
 import swapformer
+from swapformer.configuration.configuration_swapformer import LAYER_TYPES
 
 from conftest import build, load_benchmark, max_diff, padded_batch, pattern_config
 
@@ -46,9 +47,7 @@ def run(model, attn, ids, mask):
 
 
 @pytest.mark.parametrize("arch", ["encoder", "decoder"])
-@pytest.mark.parametrize(
-    "layer_type", ["full_attention", "sliding_attention", "sliding_global_attention", "bigbird_attention"]
-)
+@pytest.mark.parametrize("layer_type", LAYER_TYPES)
 @pytest.mark.parametrize("attn", ["sdpa", "sparse", "flex_attention"])
 def test_cuda_backends_match_eager_fp32(attn, layer_type, arch, report):
     model = cuda_model(arch, layer_type, torch.float32)

@@ -21,7 +21,7 @@ from transformers import (
 import swapformer
 from swapformer.conversion import ConversionError, convert_state_dict, from_hf_model
 
-from conftest import max_diff, padded_batch, scramble_
+from conftest import HF_SIZE, max_diff, padded_batch, scramble_
 
 TOL = 1e-5
 BACKENDS = ["eager", "sdpa"]
@@ -31,10 +31,7 @@ def bert(attn):
     return BertModel(
         BertConfig(
             vocab_size=97,
-            hidden_size=48,
-            num_hidden_layers=2,
-            num_attention_heads=4,
-            intermediate_size=96,
+            **HF_SIZE | dict(hidden_size=48),
             max_position_embeddings=64,
             attn_implementation=attn,
         )
@@ -45,10 +42,7 @@ def llama(attn, cls=LlamaModel, **kw):
     return cls(
         LlamaConfig(
             vocab_size=97,
-            hidden_size=64,
-            intermediate_size=96,
-            num_hidden_layers=2,
-            num_attention_heads=8,
+            **HF_SIZE | dict(num_attention_heads=8),
             num_key_value_heads=2,
             max_position_embeddings=64,
             attn_implementation=attn,
@@ -137,10 +131,7 @@ def test_stablelm_partial_rotary_matches_stablelmforcausallm(attn, padding, fact
     16); its LayerNorms have biases. Past original_max_position_embeddings, so YaRN acts too."""
     config = StableLmConfig(
         vocab_size=97,
-        hidden_size=64,
-        intermediate_size=96,
-        num_hidden_layers=2,
-        num_attention_heads=4,
+        **HF_SIZE,
         num_key_value_heads=2,
         max_position_embeddings=16,
         rope_parameters={**ROPE[rope], "partial_rotary_factor": factor},

@@ -21,6 +21,7 @@ import torch
 from transformers import DynamicCache
 
 from swapformer.configuration.backends import BACKENDS
+from swapformer.configuration.configuration_swapformer import LAYER_TYPES
 from swapformer.modeling.int8_cache import QMAX, Int8Cache, Int8Rows, int8_cache
 
 from conftest import (
@@ -35,7 +36,6 @@ from conftest import (
 )
 
 DECODING = [n for n, c in BACKENDS.items() if c.kv_cache and "cpu" in c.devices and n != "flex_attention"]
-LAYER_TYPES = ["full_attention", "sliding_attention", "sliding_global_attention", "bigbird_attention"]
 CACHE_RTOL = 1e-2  # relative L2 of logits, int8 cache vs no cache (measured <= 0.35%)
 WEIGHT_RTOL = 5e-2  # relative L2 of logits, int8 weights (+ activations) vs fp32 (measured <= 2.5%)
 

@@ -16,7 +16,7 @@ import swapformer
 from swapformer.cli import main
 from swapformer.conversion import ConversionError, convert, from_hf_model
 
-from conftest import build, max_diff, padded_batch, pattern_config, scramble_
+from conftest import HF_SIZE, build, max_diff, padded_batch, pattern_config, scramble_
 
 LENGTH = 40  # five blocks of 8: windows, global tokens and random blocks all matter
 GLOBAL_TYPES = ["sliding_global_attention", "bigbird_attention"]
@@ -217,10 +217,7 @@ LONG = 4096
 def longformer_config(**kw):
     options = dict(
         vocab_size=101,
-        hidden_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        intermediate_size=96,
+        **HF_SIZE,
         max_position_embeddings=LONG + 2,  # RoBERTa's offset: positions start at pad_token_id + 1
         type_vocab_size=1,
         pad_token_id=1,

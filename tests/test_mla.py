@@ -12,7 +12,7 @@ from test_conversion import save_source
 import swapformer
 from swapformer.conversion import convert
 
-from conftest import build
+from conftest import MLA_TINY, build
 
 V = 97
 
@@ -30,8 +30,7 @@ def deepseek_config(**kw):
 def mla_config(**kw):
     values = dict(
         vocab_size=V, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=48,
-        position_embedding_type="rope", norm_type="rmsnorm", mlp_type="gated", hidden_act="silu",
-        q_lora_rank=12, kv_lora_rank=8, qk_nope_head_dim=6, qk_rope_head_dim=4, v_head_dim=5,
+        **MLA_TINY, norm_type="rmsnorm", mlp_type="gated", hidden_act="silu",
         hidden_dropout=0.0, max_position_embeddings=256, pad_token_id=0,
     )  # fmt: skip
     return swapformer.DecoderConfig(**{**values, **kw})
@@ -226,10 +225,7 @@ def test_static_and_int8_caches_hold_latents_and_generate_the_same_tokens():
     assert cache.get_seq_length() == ids.shape[1] + 5
 
 
-MLA_OPTIONS = dict(
-    position_embedding_type="rope", kv_lora_rank=8, q_lora_rank=12, qk_nope_head_dim=6, qk_rope_head_dim=4,
-    v_head_dim=5, mlp_type="gated", hidden_act="silu",
-)  # fmt: skip
+MLA_OPTIONS = dict(MLA_TINY, mlp_type="gated", hidden_act="silu")
 
 
 @pytest.mark.parametrize("q_lora_rank", [12, None])

@@ -15,7 +15,7 @@ from torch import nn
 
 import swapformer
 
-from conftest import build, tiny_config
+from conftest import MLA_TINY, build, tiny_config
 
 HEADS = {
     "encoder": (
@@ -38,10 +38,7 @@ GLOBAL = dict(
     global_tokens=1,
     global_projections=True,
 )
-MLA = dict(
-    position_embedding_type="rope", kv_lora_rank=8, q_lora_rank=12, qk_nope_head_dim=6, qk_rope_head_dim=4,
-    v_head_dim=5,
-)  # fmt: skip
+MLA = MLA_TINY
 VARIANTS = {  # name: (architectures, config options)
     "plain": (("encoder", "decoder", "seq2seq"), {}),
     "gated rmsnorm": (("encoder", "decoder", "seq2seq"), dict(mlp_type="gated", norm_type="rmsnorm")),

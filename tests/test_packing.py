@@ -21,12 +21,12 @@ from test_train import losses, text_folder, tiny_args  # noqa: F401  (text_folde
 from transformers import DataCollatorWithFlattening
 
 import swapformer
+from swapformer.configuration.configuration_swapformer import LAYER_TYPES
 from swapformer.modeling import packing as packing_module
 
 from conftest import BASE_CLASSES, build, exact_sgd_args, max_diff
 from conftest import pattern_config as patterns_config
 
-LAYER_TYPES = ["full_attention", "sliding_attention", "sliding_global_attention", "bigbird_attention"]
 POSITIONS = ["learned", "sinusoidal", "rope", "alibi", "relative_bias"]
 # 40 tokens: sequences shorter and longer than a block (8) and the window (5); the second and third
 # start inside a block, so bigbird's per-sequence random layout is not the packed row's

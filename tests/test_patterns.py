@@ -14,6 +14,7 @@ import torch
 from transformers import AutoModel
 
 import swapformer
+from swapformer.configuration.configuration_swapformer import LAYER_TYPES
 from swapformer.modeling import lowering as masks_module
 from swapformer.modeling.attention import attention_weights
 from swapformer.modeling.bigbird import random_block_table
@@ -28,7 +29,6 @@ from conftest import (
     tiny_config,
 )
 
-LAYER_TYPES = ["full_attention", "sliding_attention", "sliding_global_attention", "bigbird_attention"]
 KINDS = {"decoder": "causal", "encoder": "bidirectional", "seq2seq": "cross"}
 LENGTH = 40  # five blocks of 8: windows, globals and random blocks all matter
 

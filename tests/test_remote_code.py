@@ -13,8 +13,12 @@ from safetensors.torch import save_file
 import swapformer
 from swapformer.modeling.remote_code import flat_files
 
-from conftest import build, padded_batch, run_python, tiny_config
+from conftest import MLA_TINY, build, padded_batch, run_python, tiny_config
 
+# window + global layers, as Longformer (with its global projections) or gpt-oss (with sinks) have them
+WINDOW_GLOBAL = dict(
+    layer_types=["sliding_global_attention", "full_attention"], sliding_window=3, global_tokens=1
+)
 CASES = {
     "encoder": (
         swapformer.EncoderForMaskedLM,
@@ -25,12 +29,7 @@ CASES = {
     "encoder-global": (
         swapformer.EncoderForMaskedLM,
         "AutoModelForMaskedLM",
-        dict(
-            layer_types=["sliding_global_attention", "full_attention"],
-            sliding_window=3,
-            global_tokens=1,
-            global_projections=True,
-        ),
+        dict(WINDOW_GLOBAL, global_projections=True),
     ),
     "decoder": (
         swapformer.DecoderForCausalLM,
@@ -41,28 +40,13 @@ CASES = {
     "decoder-mla": (
         swapformer.DecoderForCausalLM,
         "AutoModelForCausalLM",
-        dict(
-            position_embedding_type="rope",
-            kv_lora_rank=8,
-            q_lora_rank=12,
-            qk_nope_head_dim=6,
-            qk_rope_head_dim=4,
-            v_head_dim=5,
-            rope_interleave=True,
-        ),
+        dict(MLA_TINY, rope_interleave=True),
     ),
     # gpt-oss-like learned attention sinks on window + global layers, GQA
     "decoder-sinks": (
         swapformer.DecoderForCausalLM,
         "AutoModelForCausalLM",
-        dict(
-            position_embedding_type="rope",
-            num_key_value_heads=2,
-            layer_types=["sliding_global_attention", "full_attention"],
-            sliding_window=3,
-            global_tokens=1,
-            attention_sinks=True,
-        ),
+        dict(WINDOW_GLOBAL, position_embedding_type="rope", num_key_value_heads=2, attention_sinks=True),
     ),
     "seq2seq": (
         swapformer.Seq2SeqForConditionalGeneration,

@@ -13,7 +13,7 @@ import transformers as T
 import swapformer
 from swapformer.conversion import convert
 
-from conftest import build, max_diff, scramble_, tiny_config
+from conftest import HF_SIZE, build, max_diff, scramble_, tiny_config
 
 ORIGINAL = 16  # original_max_position_embeddings of the scaled configs
 MAX_POSITIONS = 64  # max_position_embeddings
@@ -43,11 +43,8 @@ SCALINGS = {
 def llama_config(rope_parameters):
     return T.LlamaConfig(
         vocab_size=97,
-        hidden_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
+        **HF_SIZE,
         num_key_value_heads=2,
-        intermediate_size=96,
         max_position_embeddings=MAX_POSITIONS,
         rope_parameters=dict(rope_parameters),
     )

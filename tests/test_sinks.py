@@ -16,6 +16,7 @@ from transformers.models.gpt_oss.modeling_gpt_oss import eager_attention_forward
 
 import swapformer
 from swapformer.configuration.backends import BACKENDS
+from swapformer.configuration.configuration_swapformer import LAYER_TYPES
 from swapformer.modeling.attention import eager_attention_forward
 
 from conftest import (
@@ -29,7 +30,6 @@ from conftest import (
 )
 
 SINK_BACKENDS = [n for n, c in BACKENDS.items() if c.sinks and "cpu" in c.devices and n != "eager"]
-LAYER_TYPES = ["full_attention", "sliding_attention", "sliding_global_attention", "bigbird_attention"]
 
 
 class Heads(torch.nn.Module):
