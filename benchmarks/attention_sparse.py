@@ -48,7 +48,8 @@ from transformers import LongformerConfig, LongformerModel
 import swapformer
 from swapformer.modeling.attention import eager_attention_forward
 from swapformer.modeling.bigbird import random_layouts
-from swapformer.modeling.linear import cpu_info, linear
+from swapformer.modeling.cpu.linear import linear
+from swapformer.modeling.cpu.routes import cpu_info
 from swapformer.modeling.lowering import lower
 from swapformer.modeling.masks import AttentionPattern
 from swapformer.modeling.sparse import sparse_attention_forward

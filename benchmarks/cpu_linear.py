@@ -21,8 +21,8 @@ import torch.nn.functional as F
 from measure import BERT_BASE, POST_NORM, interleaved, machine
 
 import swapformer
-from swapformer.modeling.decoding_weights import DecodingWeights
-from swapformer.modeling.linear import linear
+from swapformer.modeling.cpu.linear import linear
+from swapformer.modeling.cpu.weight_copies import DecodingWeights
 
 SHAPES = {  # (in, out)
     "768 -> 768 (attention q/k/v/o)": (768, 768),

@@ -45,7 +45,7 @@ from transformers import (
 
 import swapformer
 from swapformer.conversion import from_hf_model
-from swapformer.modeling.decoding_weights import DecodingWeights
+from swapformer.modeling.cpu.weight_copies import DecodingWeights
 
 PROMPT, NEW = 32, 128
 # (CPU linear route or None for swapformer's default, model.decoding_copies)

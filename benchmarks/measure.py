@@ -99,7 +99,7 @@ def interleaved(fns: dict, rounds: int = 10, times: dict | None = None, round_s:
 
 def machine() -> str:
     """The CPU model, core count and load average (1 / 5 / 15 min), printed with every table."""
-    from swapformer.modeling.linear import cpu_info  # here: the timing helpers above stay import-light
+    from swapformer.modeling.cpu.routes import cpu_info  # here: the timing helpers above stay import-light
 
     cpu = cpu_info("model name") or "unknown CPU"
     load = os.getloadavg()

@@ -27,7 +27,8 @@ from measure import interleaved, machine
 from torch import nn
 
 import swapformer
-from swapformer.modeling import layers, linear
+from swapformer.modeling import layers
+from swapformer.modeling.cpu import mlp as chunking
 
 
 class Wrapped(nn.Module):
@@ -66,14 +67,14 @@ def main():
         if getattr(wrapped, name) is not None:
             setattr(wrapped, name, Wrapped(getattr(wrapped, name)))
     x = torch.randn(1, args.tokens, config.hidden_size)
-    chunk_bytes = linear.MLP_CHUNK_BYTES
+    chunk_bytes = chunking.MLP_CHUNK_BYTES
 
     def one_pass():
-        linear.MLP_CHUNK_BYTES = 2**62
+        chunking.MLP_CHUNK_BYTES = 2**62
         try:
             return plain(x)
         finally:
-            linear.MLP_CHUNK_BYTES = chunk_bytes
+            chunking.MLP_CHUNK_BYTES = chunk_bytes
 
     fns = {
         "one pass": one_pass,

@@ -1,7 +1,7 @@
 """swapformer.modeling: attention backends, masks, layers and the three architectures."""
 
+from .cpu import cpu_linear, cpu_linear_route, cpu_routes, sparse_cpu, sparse_cpu_route
 from .int8_cache import Int8Cache, int8_cache
-from .linear import cpu_linear, cpu_linear_route
 from .modeling_base import SwapformerPreTrainedModel
 from .modeling_decoder import DecoderForCausalLM, DecoderForSequenceClassification, DecoderModel
 from .modeling_encoder import (
@@ -12,7 +12,6 @@ from .modeling_encoder import (
     EncoderModel,
 )
 from .modeling_seq2seq import Seq2SeqForConditionalGeneration, Seq2SeqModel
-from .sparse_native import sparse_cpu, sparse_cpu_route
 
 __all__ = [
     "SwapformerPreTrainedModel",
@@ -30,6 +29,7 @@ __all__ = [
     "int8_cache",
     "cpu_linear",
     "cpu_linear_route",
+    "cpu_routes",
     "sparse_cpu",
     "sparse_cpu_route",
 ]

@@ -11,8 +11,8 @@ import torch
 from torch import nn
 
 from .attention import attention_probabilities, repeat_kv
+from .cpu import project
 from .layers import Attention
-from .linear import project
 from .masks import AttentionPattern
 from .positions import apply_rope
 

@@ -22,8 +22,8 @@ from torch import nn
 from transformers import GradientCheckpointingLayer
 
 from .attention import run_planned
+from .cpu import IN_PLACE, cpu_linear_route, cpu_mlp, project
 from .hf_compat import ACT2FN
-from .linear import IN_PLACE, cpu_linear_route, cpu_mlp, project
 from .positions import apply_rope
 from .sinks import run_with_sinks
 
@@ -74,7 +74,7 @@ class MLP(nn.Module):
         self.dropout = nn.Dropout(config.activation_dropout)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # `compute(x, self.act_fn)`, in row chunks where no gradient is taken (linear.cpu_mlp)
+        # `compute(x, self.act_fn)`, in row chunks where no gradient is taken (cpu.cpu_mlp)
         return cpu_mlp(self, x)
 
     def compute(self, x: torch.Tensor, act) -> torch.Tensor:

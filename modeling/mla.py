@@ -25,8 +25,8 @@ from typing import TYPE_CHECKING
 import torch
 from torch import nn
 
+from .cpu import project
 from .layers import AttentionBase, RMSNorm
-from .linear import project
 from .positions import apply_rope
 
 if TYPE_CHECKING:

@@ -14,7 +14,8 @@ from typing_extensions import Unpack
 
 from ..configuration.configuration_swapformer import DecoderConfig
 from .cache import dynamic_cache
-from .decoding_weights import SwapformerGenerationMixin
+from .cpu import project
+from .generation import SwapformerGenerationMixin
 from .heads import (
     BaseModelKwargs,
     HeadKwargs,
@@ -25,7 +26,6 @@ from .heads import (
     stack_inputs,
     use_cache_unless_checkpointing,
 )
-from .linear import project
 from .losses import causal_lm_loss, sequence_classification_loss
 from .modeling_base import SwapformerPreTrainedModel
 from .stack import StackMixin

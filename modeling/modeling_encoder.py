@@ -15,10 +15,10 @@ from transformers.utils import ModelOutput
 from typing_extensions import Unpack
 
 from ..configuration.configuration_swapformer import EncoderConfig
+from .cpu import project
 from .heads import BaseModelKwargs, HeadKwargs, TaskHead, model_output, stack_inputs
 from .hf_compat import ACT2FN
 from .layers import make_norm
-from .linear import project
 from .losses import sequence_classification_loss, span_loss, token_cross_entropy
 from .modeling_base import SwapformerPreTrainedModel
 from .stack import StackMixin

@@ -11,7 +11,8 @@ from typing_extensions import Unpack
 
 from ..configuration.configuration_swapformer import Seq2SeqConfig
 from .cache import dynamic_cache
-from .decoding_weights import SwapformerGenerationMixin
+from .cpu import project
+from .generation import SwapformerGenerationMixin
 from .heads import (
     PACKING_INPUTS,
     BaseModelKwargs,
@@ -24,7 +25,6 @@ from .heads import (
     use_cache_unless_checkpointing,
 )
 from .hf_compat import init
-from .linear import project
 from .losses import check_label_ids, token_cross_entropy
 from .modeling_base import SwapformerPreTrainedModel
 from .packing import find_packed_sequences

@@ -26,6 +26,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .attention import sdpa_attention
+from .cpu import sparse_native_applies, sparse_native_attend
 from .sparse_globals import (
     MergedSegments,
     RowsByPieces,
@@ -37,8 +38,6 @@ from .sparse_globals import (
     softmax_and_lse,
 )
 from .sparse_layout import BlockLayout, dead_rows
-from .sparse_native import applies as native_applies
-from .sparse_native import attend as attend_native
 
 # Query blocks handled per SDPA call without gradients: bounds the gathered keys and values (and keeps
 # them in cache while the kernel reads them). Measured on a 2-core CPU; see benchmarks/attention_sparse.py.
@@ -136,8 +135,8 @@ def sparse_attention_forward(
     if not isinstance(attention_mask, BlockLayout):  # a full layer: dense SDPA with the sdpa mask
         return sdpa_attention(module, query, key, value, attention_mask, scaling, dropout), None
     layout = attention_mask
-    if native_applies(query, key, value, layout, dropout):  # fp32 CPU inference: native kernels
-        return attend_native(query, key, value, layout, scaling), None
+    if sparse_native_applies(query, key, value, layout, dropout):  # fp32 CPU inference: native kernels
+        return sparse_native_attend(query, key, value, layout, scaling), None
     batch, heads, t, d = query.shape
     kv_heads = key.shape[1]
     groups = heads // kv_heads

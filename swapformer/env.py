@@ -42,6 +42,7 @@ OPTIONAL = (
 )
 # the environment variables that change what swapformer or torch does here
 VARIABLES = (
+    "SWAPFORMER_CPU_ROUTES",
     "SWAPFORMER_CPU_LINEAR",
     "SWAPFORMER_SPARSE_CPU",
     "TORCH_EXTENSIONS_DIR",
@@ -111,25 +112,23 @@ def _machine() -> dict:
 
 
 def _cpu_model() -> str:
-    from .modeling.linear import cpu_info
+    from .modeling.cpu.routes import cpu_info
 
     return cpu_info("model name") or platform.processor() or "unknown"
 
 
 def _cpu_vendor() -> str:
-    from .modeling.linear import cpu_vendor
+    from .modeling.cpu.routes import cpu_vendor
 
     return cpu_vendor() or "unknown"
 
 
 def _routes() -> dict:
-    from .modeling import linear, sparse_native
+    """Each CPU speed route, whether it is in force and why (modeling/cpu), and the native kernels' state."""
+    from .modeling import cpu
+    from .modeling.cpu import sparse_native
 
-    return {
-        "CPU linear route (SWAPFORMER_CPU_LINEAR)": linear.cpu_linear_route(),
-        "sparse CPU route (SWAPFORMER_SPARSE_CPU)": sparse_native.sparse_cpu_route(),
-        "sparse native kernels": sparse_native.state(),
-    }
+    return {**cpu.in_force(), "sparse native kernels": sparse_native.state()}
 
 
 def _backends() -> dict:
@@ -214,7 +213,7 @@ def _env(args: argparse.Namespace) -> int:
 
 
 def _build_kernels(args: argparse.Namespace) -> int:
-    from .modeling import sparse_native
+    from .modeling.cpu import sparse_native
 
     missing = sparse_native._missing()
     if missing is not None:

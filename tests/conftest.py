@@ -16,7 +16,7 @@ from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processor
 
 import swapformer
 from swapformer.configuration.configuration_swapformer import LAYER_TYPES
-from swapformer.modeling import sparse_native as sparse_cpu_module
+from swapformer.modeling.cpu import sparse_native as sparse_cpu_module
 
 ARCHS = ("encoder", "decoder", "seq2seq")
 POSITIONS = ("learned", "sinusoidal", "rope", "alibi", "relative_bias", "none")
@@ -200,18 +200,20 @@ def padded_batch(batch=3, length=9, padding="right", seed=0, vocab=VOCAB):
     return ids, mask
 
 
-def route_env_fixture(module, *cached: str):
-    """A fixture `env_route(value)` that sets `module.ENV` (None: unset) as a new process would see it:
-    the module reads its environment variable once and keeps what it read in the attributes `cached`,
-    which are cleared with every call and after the test (SWAPFORMER_CPU_LINEAR, SWAPFORMER_SPARSE_CPU)."""
+def route_env_fixture(module, *cached: str, env: str = "ENV"):
+    """A fixture `env_route(value)` that sets the variable named by `module.<env>` (None: unset) as a new
+    process would see it: the module reads its environment variable once and keeps what it read in the
+    attributes `cached`, which are cleared with every call and after the test (SWAPFORMER_CPU_ROUTES,
+    SWAPFORMER_CPU_LINEAR, SWAPFORMER_SPARSE_CPU)."""
+    variable = getattr(module, env)
 
     @pytest.fixture
     def env_route(monkeypatch):
         def set_route(value: str | None):
             if value is None:
-                monkeypatch.delenv(module.ENV, raising=False)
+                monkeypatch.delenv(variable, raising=False)
             else:
-                monkeypatch.setenv(module.ENV, value)
+                monkeypatch.setenv(variable, value)
             for name in cached:
                 monkeypatch.setattr(module, name, None)
 

@@ -15,10 +15,16 @@ import accelerate.utils
 import pytest
 import torch
 
+import swapformer
 from swapformer import env as env_module
-from swapformer.modeling import sparse_native
+from swapformer.modeling.cpu import routes as routes_module
+from swapformer.modeling.cpu import sparse_native
+
+from conftest import route_env_fixture
 
 SWAPFORMER = [sys.executable, "-m", "swapformer"]
+ROUTE_LINES = ("linear", "MLP chunking", "decoding copies", "sparse native")
+env_linear = route_env_fixture(routes_module, "_default", env="LINEAR_ENV")
 VECTOR_CPU = torch.backends.cpu.get_cpu_capability().startswith(("AVX512", "AVX2"))
 
 
@@ -34,13 +40,51 @@ def test_env_reports_versions_machine_routes_and_touch_points():
     assert data["machine"]["torch CPU capability"] == torch.backends.cpu.get_cpu_capability()
     assert data["machine"]["torch threads"] == torch.get_num_threads()
     routes = data["speed routes"]
-    assert routes["sparse CPU route (SWAPFORMER_SPARSE_CPU)"] in ("native", "torch")
-    assert routes["CPU linear route (SWAPFORMER_CPU_LINEAR)"] in ("onednn", "torch")
+    assert routes["CPU routes"] == "on"
+    assert routes["linear"].startswith(f"{swapformer.cpu_linear_route()} (")
+    assert routes["sparse native"].startswith(swapformer.sparse_cpu_route())
+    assert routes["MLP chunking"].startswith("on (") and routes["decoding copies"].startswith("on (")
     assert routes["sparse native kernels"]  # a state sentence (tested below)
     assert data["attention backends"]["eager"] == "ok"
     assert set(data["touch points"].values()) == {"ok"}, data["touch points"]
     text = run([*SWAPFORMER, "env"], check=True).stdout
     assert f"    - transformers: {version('transformers')}" in text and "- speed routes:" in text
+
+
+def test_env_says_which_routes_are_in_force_and_why():
+    """Each route's line names what chose it: the one switch (environment or call), a route's own
+    variable, or what "auto" found on this machine."""
+    env = {"SWAPFORMER_CPU_ROUTES": "off", "SWAPFORMER_CPU_LINEAR": "onednn"}
+    data = json.loads(run([*SWAPFORMER, "env", "--json"], env=env, check=True).stdout)["speed routes"]
+    assert data["CPU routes"] == "off (SWAPFORMER_CPU_ROUTES=off)"
+    assert all(data[line] == "off (SWAPFORMER_CPU_ROUTES=off)" for line in ROUTE_LINES), data
+    env = {"SWAPFORMER_CPU_LINEAR": "torch", "SWAPFORMER_SPARSE_CPU": "torch"}
+    data = json.loads(run([*SWAPFORMER, "env", "--json"], env=env, check=True).stdout)["speed routes"]
+    assert data["linear"] == "torch (SWAPFORMER_CPU_LINEAR=torch)"
+    assert data["sparse native"] == "torch (SWAPFORMER_SPARSE_CPU=torch)"
+    with swapformer.cpu_routes(False):
+        data = env_module.report()["speed routes"]
+    assert all(data[line] == "off (cpu_routes(False))" for line in ("CPU routes", *ROUTE_LINES)), data
+
+
+@pytest.mark.skipif(not routes_module._onednn_available(), reason="this torch build has no oneDNN linear op")
+@pytest.mark.parametrize(
+    "capability, vendor, line",
+    [
+        ("AVX512", "AuthenticAMD", "onednn (auto: AMD CPU with AVX-512)"),
+        ("AVX512", "GenuineIntel", "torch (auto: Intel CPU)"),
+        ("AVX512", "", "torch (auto: CPU vendor unknown)"),
+        ("AVX2", "AuthenticAMD", "torch (auto: no AVX-512)"),
+    ],
+)
+def test_env_says_why_auto_chose_the_linear_route(capability, vendor, line, env_linear, monkeypatch):
+    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: capability)
+    monkeypatch.setattr(routes_module, "cpu_vendor", lambda: vendor)
+    env_linear(None)
+    data = env_module.report()["speed routes"]
+    assert data["linear"] == line and swapformer.cpu_linear_route() == line.split()[0]
+    copies = "nothing on the oneDNN linear route" if line.startswith("onednn") else "at most 2 rows"
+    assert copies in data["decoding copies"]
 
 
 def test_env_names_a_missing_touch_point_and_still_reports(monkeypatch):
@@ -69,7 +113,7 @@ SPARSE_FORWARD = textwrap.dedent(
     import sys, warnings
     {prelude}
     import torch, swapformer
-    from swapformer.modeling import sparse_native
+    from swapformer.modeling.cpu import sparse_native
     config = swapformer.EncoderConfig(vocab_size=50, hidden_size=32, num_hidden_layers=1, num_attention_heads=4,
         intermediate_size=48, layer_types=["sliding_attention"], sliding_window=5, attention_block_size=8,
         max_position_embeddings=64)

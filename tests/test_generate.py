@@ -14,8 +14,8 @@ from transformers import DynamicCache, LogitsProcessor, LogitsProcessorList
 
 from swapformer.configuration.backends import BACKENDS
 from swapformer.configuration.configuration_swapformer import LAYER_TYPES
-from swapformer.modeling.decoding_weights import DecodingWeights
-from swapformer.modeling.linear import cpu_linear
+from swapformer.modeling.cpu import cpu_linear
+from swapformer.modeling.cpu.weight_copies import DecodingWeights
 
 from conftest import (
     LM_CLASSES,
@@ -437,12 +437,12 @@ def test_decoding_copies_can_be_limited_and_fit_in_memory(monkeypatch, caplog):
     # copies that would take over half of the available memory: the head only, with a warning
     model.decoding_copies = "all"
     head = 97 * 32 * 4
-    monkeypatch.setattr("swapformer.modeling.decoding_weights.available_memory_bytes", lambda: 3 * head)
+    monkeypatch.setattr("swapformer.modeling.cpu.weight_copies.available_memory_bytes", lambda: 3 * head)
     hf_logging.get_logger("swapformer").warning_once.cache_clear()
     with caplog.at_level("WARNING"):
         assert copied_weights(model, ids, mask) == {"lm_head"}
     assert "only the LM head is copied" in caplog.text
-    monkeypatch.setattr("swapformer.modeling.decoding_weights.available_memory_bytes", lambda: head)
+    monkeypatch.setattr("swapformer.modeling.cpu.weight_copies.available_memory_bytes", lambda: head)
     assert copied_weights(model, ids, mask) == set()
 
 

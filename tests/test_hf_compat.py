@@ -295,7 +295,7 @@ def test_config_internals():
 
 
 def test_generate_builds_its_cache_in_prepare_cache_for_generation():
-    """decoding_weights.SwapformerGenerationMixin overrides `_prepare_cache_for_generation` to give the
+    """generation.SwapformerGenerationMixin overrides `_prepare_cache_for_generation` to give the
     cache generate() builds swapformer's layer objects: it must still take (generation_config,
     model_kwargs, ...) and put the cache it builds in model_kwargs["cache"], leaving a caller's cache."""
     from transformers import GenerationConfig, GenerationMixin

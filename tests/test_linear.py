@@ -1,4 +1,4 @@
-"""The CPU linear route (modeling/linear.py): `project(module, x)` runs fp32 CPU inference of a plain
+"""The CPU linear route (modeling/cpu/linear.py): `project(module, x)` runs fp32 CPU inference of a plain
 `nn.Linear` on oneDNN where its route applies and is `module(x)` everywhere else, with `F.linear` as the
 oracle for values and gradients."""
 
@@ -10,16 +10,18 @@ import torch.nn.functional as F
 from torch import nn
 
 import swapformer
-from swapformer.modeling import linear as linear_module
-from swapformer.modeling.decoding_weights import DecodingWeights, input_major_copy
-from swapformer.modeling.linear import cpu_linear, cpu_linear_route, project
+from swapformer.modeling.cpu import mlp as mlp_module
+from swapformer.modeling.cpu import routes as routes_module
+from swapformer.modeling.cpu.linear import project
+from swapformer.modeling.cpu.routes import cpu_linear, cpu_linear_route
+from swapformer.modeling.cpu.weight_copies import DecodingWeights, input_major_copy
 
 from conftest import build, max_diff, route_env_fixture, tiny_config
 
 ONEDNN_OP = "mkldnn::_linear_pointwise"
 
 pytestmark = pytest.mark.skipif(
-    not linear_module._onednn_available(), reason="this torch build has no oneDNN linear op"
+    not routes_module._onednn_available(), reason="this torch build has no oneDNN linear op"
 )
 
 
@@ -34,7 +36,7 @@ def relative_diff(a: torch.Tensor, b: torch.Tensor) -> float:
     return max_diff(a, b) / max(float(b.abs().max()), 1e-30)
 
 
-env_route = route_env_fixture(linear_module, "_default")
+env_route = route_env_fixture(routes_module, "_default", env="LINEAR_ENV")
 
 
 @pytest.mark.parametrize(
@@ -68,14 +70,22 @@ def test_onednn_route_equals_f_linear(x_shape, bias, layout):
         assert relative_diff(out, expected) <= 1e-6
 
 
-def test_torch_route_is_f_linear_bit_for_bit():
+def projected(route: str, grad_mode) -> tuple[set[str], torch.Tensor, torch.Tensor]:
+    """A seeded nn.Linear(24, 40) on x (3, 24), projected on `route` under `grad_mode` (torch.no_grad,
+    torch.inference_mode): the ops the projection ran, its output, and F.linear's output."""
     torch.manual_seed(0)
     layer, x = nn.Linear(24, 40), torch.randn(3, 24)
-    with torch.no_grad(), cpu_linear("torch"):
+    with grad_mode(), cpu_linear(route):
         ops = ops_run(lambda: project(layer, x))
         out = project(layer, x)
+        expected = F.linear(x, layer.weight, layer.bias)
+    return ops, out, expected
+
+
+def test_torch_route_is_f_linear_bit_for_bit():
+    ops, out, expected = projected("torch", torch.no_grad)
     assert ONEDNN_OP not in ops
-    assert torch.equal(out, F.linear(x, layer.weight, layer.bias))
+    assert torch.equal(out, expected)
 
 
 @pytest.mark.parametrize("needs_grad", ["input", "weight"])
@@ -229,7 +239,7 @@ def test_environment_variable_chooses_the_route(env_route, monkeypatch):
     )
     for capability, vendor, route in cases:
         monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda c=capability: c)
-        monkeypatch.setattr(linear_module, "cpu_vendor", lambda v=vendor: v)
+        monkeypatch.setattr(routes_module, "cpu_vendor", lambda v=vendor: v)
         env_route(None)  # unset: "auto"
         assert cpu_linear_route() == route, (capability, vendor)
         with cpu_linear("auto"):
@@ -246,7 +256,7 @@ def test_a_wrong_route_is_refused_where_it_is_given(env_route):
 
 
 def test_onednn_route_forced_without_onednn_is_refused(monkeypatch):
-    monkeypatch.setattr(linear_module, "_onednn_available", lambda: False)
+    monkeypatch.setattr(routes_module, "_onednn_available", lambda: False)
     with pytest.raises(ValueError, match="no oneDNN linear op.*use 'auto' or 'torch'"):
         with cpu_linear("onednn"):
             pass
@@ -283,7 +293,7 @@ def test_mlp_row_chunks_on_the_onednn_route(monkeypatch):
     x = torch.randn(2, 37, config.hidden_size)
     with torch.enable_grad():
         whole = mlp(x).detach()
-    monkeypatch.setattr(linear_module, "MLP_CHUNK_BYTES", 5 * config.intermediate_size * x.element_size())
+    monkeypatch.setattr(mlp_module, "MLP_CHUNK_BYTES", 5 * config.intermediate_size * x.element_size())
     with torch.no_grad(), cpu_linear("onednn"):
         ops = ops_run(lambda: mlp(x))
         chunked = mlp(x)
@@ -315,11 +325,6 @@ def test_generate_copies_no_weights_on_the_onednn_route(monkeypatch):
 
 
 def test_inference_mode_uses_onednn():
-    torch.manual_seed(0)
-    layer, x = nn.Linear(24, 40), torch.randn(3, 24)
-    with torch.inference_mode(), cpu_linear("onednn"):
-        ops = ops_run(lambda: project(layer, x))
-        out = project(layer, x)
-        expected = F.linear(x, layer.weight, layer.bias)
+    ops, out, expected = projected("onednn", torch.inference_mode)
     assert ONEDNN_OP in ops and out.is_inference()
     assert relative_diff(out, expected) <= 1e-6

@@ -18,7 +18,7 @@ from transformers import (
 )
 
 import swapformer
-from swapformer.modeling.linear import cpu_linear
+from swapformer import cpu_linear
 from swapformer.modeling.losses import token_cross_entropy
 
 from conftest import ARCHS, BASE_CLASSES, LM_CLASSES, build, max_diff, padded_batch, tiny_config
@@ -362,14 +362,15 @@ def test_mlp_without_gradients_in_row_chunks_equals_one_pass(mlp_type, act, bias
     whole-sequence intermediate per layer), its projections writing into reused buffers (torch's
     linear route) or called per chunk (the oneDNN route); the result equals one pass. A forward hook
     on a projection turns that off: the hook sees one call with the whole, untouched output."""
-    from swapformer.modeling import layers, linear
+    from swapformer.modeling import layers
+    from swapformer.modeling.cpu import mlp as chunking
 
     config = tiny_config("encoder", mlp_type=mlp_type, hidden_act=act, mlp_bias=bias)
     mlp = layers.MLP(config).eval()
     x = torch.randn(2, 37, config.hidden_size)
     with torch.enable_grad():
         whole = mlp(x).detach()  # the path with gradients: one pass, out-of-place activation
-    monkeypatch.setattr(linear, "MLP_CHUNK_BYTES", 5 * config.intermediate_size * x.element_size())
+    monkeypatch.setattr(chunking, "MLP_CHUNK_BYTES", 5 * config.intermediate_size * x.element_size())
     seen = []
     with torch.no_grad(), cpu_linear(route):
         chunked = mlp(x)
@@ -386,7 +387,8 @@ def test_mlp_without_gradients_in_row_chunks_equals_one_pass(mlp_type, act, bias
 def test_mlp_row_chunks_call_projections_that_are_not_plain_linears(monkeypatch):
     """The chunked MLP writes a projection's output straight into its buffer only for a plain
     `nn.Linear`; a wrapped or subclassed projection (PEFT, quantization) is called as a module."""
-    from swapformer.modeling import layers, linear
+    from swapformer.modeling import layers
+    from swapformer.modeling.cpu import mlp as chunking
 
     class Shifted(nn.Linear):
         def forward(self, x):
@@ -400,7 +402,7 @@ def test_mlp_row_chunks_call_projections_that_are_not_plain_linears(monkeypatch)
     x = torch.randn(2, 37, config.hidden_size)
     with torch.enable_grad():
         whole = mlp(x).detach()
-    monkeypatch.setattr(linear, "MLP_CHUNK_BYTES", 5 * config.intermediate_size * x.element_size())
+    monkeypatch.setattr(chunking, "MLP_CHUNK_BYTES", 5 * config.intermediate_size * x.element_size())
     with torch.no_grad():
         chunked = mlp(x)
         mlp.up_proj = nn.Linear(config.hidden_size, config.intermediate_size)

@@ -300,7 +300,7 @@ def test_backends_equal_the_oracle(case):
     """eager, sdpa and sparse: output and q/k/v gradients of every layer equal the oracle's attention;
     and sparse's paths without gradients give the oracle's output too: the PyTorch path (one query
     block per kernel call, the global query rows over as many pieces of the keys) and the native CPU
-    kernels (sparse_native.py)."""
+    kernels (cpu/sparse_native.py)."""
     check_uncached(case)
     with pytest.MonkeyPatch.context() as patch, swapformer.sparse_cpu("torch"):
         patch.setattr(sparse_module, "CHUNK_BYTES", 1)

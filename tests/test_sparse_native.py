@@ -1,4 +1,4 @@
-"""The sparse backend's native fp32 CPU kernels (modeling/sparse_native.py, csrc/sparse_native.cpp):
+"""The sparse backend's native fp32 CPU kernels (modeling/cpu/sparse_native.py, cpu/csrc/sparse_native.cpp):
 they build here, equal dense SDPA with the pattern's mask and the PyTorch path on drawn layers, serve
 exactly the calls the module docstring names, and their route is chosen and refused as documented.
 The pattern oracle's property tests (test_pattern_oracle.py) run them too, on every drawn model."""
@@ -15,7 +15,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import swapformer
-from swapformer.modeling import sparse, sparse_native
+from swapformer.modeling import sparse
+from swapformer.modeling.cpu import sparse_native
 from swapformer.modeling.lowering import lower
 from swapformer.modeling.masks import AttentionPattern
 
@@ -139,7 +140,7 @@ def test_native_kernels_serve_exactly_the_documented_calls(monkeypatch):
     or route "torch" take the PyTorch path (which the `calls` counter does not see)."""
     calls = []
     real_attend = sparse_native.attend
-    monkeypatch.setattr(sparse, "attend_native", lambda *a, **kw: calls.append(1) or real_attend(*a, **kw))
+    monkeypatch.setattr(sparse, "sparse_native_attend", lambda *a, **kw: calls.append(1) or real_attend(*a, **kw))
     from test_patterns import _layer_pattern
 
     layout = lower(_layer_pattern(False, "right", [2, 3]), "sparse", torch.float32)

@@ -11,7 +11,7 @@ an AMD EPYC (Zen 5, 2 cores): the attention core at 8192 tokens, window +-128, i
 path's time, and 16 global tokens cost about 1.1x the core without them (benchmarks/attention_sparse.py).
 
 The kernels serve a call when all hold:
-- the route is "native": `sparse_cpu(route)` (a context manager) or else the environment variable
+- the CPU routes are on (`cpu_routes`, SWAPFORMER_CPU_ROUTES; routes.py) and the route is "native": `sparse_cpu(route)` (a context manager) or else the environment variable
   SWAPFORMER_SPARSE_CPU says "native", or they say "auto" (the default) and torch reports AVX2 or
   AVX-512 for this CPU, the kernel's source is here (a model's remote-code files carry none), and a
   C++ compiler and ninja are found; "torch" turns it off. (On AVX2, measured by holding torch and
@@ -46,7 +46,9 @@ from pathlib import Path
 
 import torch
 
-from .sparse_layout import BlockLayout
+from ..sparse_layout import BlockLayout
+from ..torch_compat import functorch_active
+from .routes import cpu_routes_on, routes_off_reason
 from .sparse_native_build import (
     ENV,
     SOURCE,
@@ -58,7 +60,6 @@ from .sparse_native_build import (
     up_to_date,
 )
 from .sparse_native_call import attend
-from .torch_compat import functorch_active
 
 __all__ = [
     "applies",
@@ -134,9 +135,26 @@ def _requested() -> str:
 
 
 def sparse_cpu_route() -> str:
-    """The route in force: "native" or "torch" ("auto" resolved for this machine). The environment
-    variable is read once, at the first call; `sparse_cpu` changes the route at run time."""
-    return _resolve(_requested())
+    """The route in force: "native" or "torch" ("auto" resolved for this machine; "torch" while the CPU
+    routes are off). The environment variables are read once, at the first call; `sparse_cpu` and
+    `cpu_routes` change the route at run time."""
+    route = _resolve(_requested())
+    return route if cpu_routes_on() else "torch"
+
+
+def sparse_route_in_force() -> str:
+    """The route and why, for `swapformer env`: "native (built)", "torch (SWAPFORMER_SPARSE_CPU=torch)",
+    "off (SWAPFORMER_CPU_ROUTES=off)"."""
+    off = routes_off_reason()
+    if off is not None:
+        return f"off ({off})"
+    route, asked = sparse_cpu_route(), _requested()
+    if route == "torch":
+        if asked != "auto":
+            return f"torch ({ENV}={asked})" if _chosen.get() is None else "torch (sparse_cpu)"
+        why = "the build failed" if _built is False else _missing() or "no AVX2"
+        return f"torch (auto: {why})"
+    return "native (built)" if _built or up_to_date() else "native (compiled at the first use)"
 
 
 @contextlib.contextmanager
@@ -229,6 +247,7 @@ def applies(
     if torch.compiler.is_compiling() or torch.jit.is_tracing() or functorch_active():
         return False
     if sparse_cpu_route() != "native":
-        _notice_unavailable()
+        if cpu_routes_on():
+            _notice_unavailable()
         return False
     return _ready()

@@ -1,5 +1,8 @@
-"""generate() on input-major copies of the decoding weights: `DecodingWeights` lends them to their
-modules for one generate() call (docs/architecture.md, decision 9), `SwapformerGenerationMixin` decides when."""
+"""Decoding weight copies, a CPU route: generate() runs on input-major copies of the decoding weights,
+which `DecodingWeights` lends to their modules for one call (docs/architecture.md, decision 9);
+`copies_for_generate` is what generate() enters (SwapformerGenerationMixin, generation.py). Off with the
+other routes (`cpu_routes(False)`, SWAPFORMER_CPU_ROUTES=off; routes.py); `model.decoding_copies` is
+its own switch."""
 
 from __future__ import annotations
 
@@ -8,11 +11,9 @@ import threading
 
 import torch
 from torch import nn
-from transformers import GenerationMixin
 from transformers.utils import logging
 
-from .cache import fresh_cache
-from .linear import cpu_linear_route
+from .routes import cpu_linear_route, cpu_routes_on, routes_off_reason
 
 logger = logging.get_logger(__name__)
 
@@ -188,52 +189,56 @@ def available_memory_bytes() -> int | None:
         return None
 
 
-class SwapformerGenerationMixin(GenerationMixin):
-    """transformers' generate(), decoding on input-major copies of the CPU weights (`DecodingWeights`)."""
+def copies_for_generate(model: nn.Module, args: tuple, kwargs: dict):
+    """The context a generate() call of `model` runs in: its decoding weights lent as input-major copies
+    as `model.decoding_copies` chooses ("auto": where `DecodingWeights.worth_copying`), or nothing while
+    the CPU routes are off."""
+    choice = check_decoding_copies(getattr(model, "decoding_copies", "auto"))
+    if not cpu_routes_on():
+        return contextlib.nullcontext()
+    if choice == "auto":
+        worth = DecodingWeights.worth_copying(*decoding_shape(model, args, kwargs), model=model)
+        choice = "all" if worth else "none"
+    return DecodingWeights.during(model, choice)
 
-    decoding_copies: str = "auto"  # or "all", "lm_head", "none": see DecodingWeights
 
-    def generate(self, *args, **kwargs):
-        choice = check_decoding_copies(self.decoding_copies)
-        if choice == "auto":
-            worth = DecodingWeights.worth_copying(*self._decoding_shape(args, kwargs), model=self)
-            choice = "all" if worth else "none"
-        with DecodingWeights.during(self, choice):
-            return super().generate(*args, **kwargs)
+def copies_in_force() -> str:
+    """Whether generate() may copy decoding weights and why, for `swapformer env`."""
+    off = routes_off_reason()
+    if off is not None:
+        return f"off ({off})"
+    if cpu_linear_route() == "onednn":
+        return "on (model.decoding_copies; 'auto' copies nothing on the oneDNN linear route)"
+    rows, tokens = DecodingWeights.MAX_ROWS, DecodingWeights.MIN_NEW_TOKENS
+    return (
+        f"on (model.decoding_copies; 'auto' copies for at most {rows} rows per step and {tokens}+ new tokens)"
+    )
 
-    def _prepare_cache_for_generation(self, generation_config, model_kwargs, *args, **kwargs):
-        """transformers' hook that builds the cache of a generate() call; a cache it builds here (not
-        the caller's) gets swapformer's layer objects before its first use (cache.fresh_cache)."""
-        given = model_kwargs.get("cache") is not None
-        result = super()._prepare_cache_for_generation(generation_config, model_kwargs, *args, **kwargs)
-        if not given and model_kwargs.get("cache") is not None:
-            fresh_cache(model_kwargs["cache"])
-        return result
 
-    def _decoding_shape(self, args, kwargs) -> tuple[int, int]:
-        """(rows per decoding step, new tokens at most) of a generate() call, from its arguments and
-        generation config as generate() resolves them (arguments override the config)."""
-        config = kwargs.get("generation_config") or self.generation_config
+def decoding_shape(model: nn.Module, args: tuple, kwargs: dict) -> tuple[int, int]:
+    """(rows per decoding step, new tokens at most) of `model.generate(*args, **kwargs)`, from its
+    arguments and generation config as generate() resolves them (arguments override the config)."""
+    config = kwargs.get("generation_config") or model.generation_config
 
-        def option(name, default):
-            value = kwargs.get(name, getattr(config, name, None))
-            return default if value is None else value
+    def option(name, default):
+        value = kwargs.get(name, getattr(config, name, None))
+        return default if value is None else value
 
-        inputs = (
-            args[0]
-            if args
-            else next(
-                (kwargs[k] for k in ("input_ids", "inputs", "inputs_embeds") if kwargs.get(k) is not None),
-                None,
-            )
+    inputs = (
+        args[0]
+        if args
+        else next(
+            (kwargs[k] for k in ("input_ids", "inputs", "inputs_embeds") if kwargs.get(k) is not None),
+            None,
         )
-        batch = inputs.shape[0] if torch.is_tensor(inputs) else 1
-        rows = batch * max(option("num_beams", 1), option("num_return_sequences", 1))
-        new_tokens = kwargs.get("max_new_tokens", getattr(config, "max_new_tokens", None))
-        if new_tokens is None:
-            prompt = 0 if self.config.is_encoder_decoder or not torch.is_tensor(inputs) else inputs.shape[1]
-            new_tokens = option("max_length", 20) - prompt
-        return rows, new_tokens
+    )
+    batch = inputs.shape[0] if torch.is_tensor(inputs) else 1
+    rows = batch * max(option("num_beams", 1), option("num_return_sequences", 1))
+    new_tokens = kwargs.get("max_new_tokens", getattr(config, "max_new_tokens", None))
+    if new_tokens is None:
+        prompt = 0 if model.config.is_encoder_decoder or not torch.is_tensor(inputs) else inputs.shape[1]
+        new_tokens = option("max_length", 20) - prompt
+    return rows, new_tokens
 
 
 def check_decoding_copies(choice) -> str:
@@ -243,6 +248,3 @@ def check_decoding_copies(choice) -> str:
             "input-major for faster CPU decoding)"
         )
     return choice
-
-
-__all__ = ["DecodingWeights", "SwapformerGenerationMixin", "check_decoding_copies", "input_major_copy"]

@@ -1,0 +1,190 @@
+"""The switches of the CPU speed routes: one that turns them all off, and the linear route's own.
+
+`cpu_routes(False)` (or SWAPFORMER_CPU_ROUTES=off) turns every route of this package off, whatever the
+per-route switches say: the layers' projections are `module(x)`, the MLP is one plain pass, generate()
+copies no weights and the sparse backend runs its PyTorch path. It is for a bug report ("does it happen
+with the routes off?") and for results that are torch's own expressions bit for bit. With the switch on
+(the default), each route follows its own switch: `cpu_linear(route)` / SWAPFORMER_CPU_LINEAR here,
+`sparse_cpu(route)` / SWAPFORMER_SPARSE_CPU in sparse_native.py, `model.decoding_copies` in weight_copies.py;
+MLP chunking has no switch of its own.
+
+A switch given at run time (a context variable: per thread and asyncio task) wins over the environment,
+which is read once, at the first call; a wrong value in the environment fails when a model is built.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import os
+
+import torch
+
+from ..torch_compat import available
+
+ENV = "SWAPFORMER_CPU_ROUTES"
+SWITCH = ("on", "off")
+
+_routes: contextvars.ContextVar[bool | None] = contextvars.ContextVar("swapformer_cpu_routes", default=None)
+_routes_default: bool | None = None  # the environment's switch, read at the first call
+
+
+def cpu_routes_on() -> bool:
+    """Whether the CPU speed routes may run (`cpu_routes`, else SWAPFORMER_CPU_ROUTES; default on)."""
+    global _routes_default
+    chosen = _routes.get()
+    if chosen is not None:
+        return chosen
+    if _routes_default is None:
+        value = os.environ.get(ENV, "on").strip().lower()
+        if value not in SWITCH:
+            raise ValueError(
+                f"the environment variable {ENV} is {value!r}; it must be 'on' (the default: each CPU route "
+                "follows its own switch) or 'off' (every route off: plain torch)"
+            )
+        _routes_default = value == "on"
+    return _routes_default
+
+
+def routes_off_reason() -> str | None:
+    """Why the routes are off ("SWAPFORMER_CPU_ROUTES=off", "cpu_routes(False)"), or None when on."""
+    if cpu_routes_on():
+        return None
+    return f"{ENV}=off" if _routes.get() is None else "cpu_routes(False)"
+
+
+class cpu_routes:
+    """Turn every CPU speed route on or off, overriding the per-route switches.
+
+    As a call (`swapformer.cpu_routes(False)`) it holds for the current thread from then on; in a `with`
+    block (`with swapformer.cpu_routes(False):`) it holds for the block, as `torch.set_grad_enabled`.
+    `True` hands the choice back to each route's own switch."""
+
+    def __init__(self, enabled: bool):
+        if not isinstance(enabled, bool):
+            raise TypeError(
+                f"cpu_routes(enabled) takes True or False, got {enabled!r} ({type(enabled).__name__}); "
+                "to choose one route, use cpu_linear(route) or sparse_cpu(route)"
+            )
+        self._token = _routes.set(enabled)
+
+    def __enter__(self) -> cpu_routes:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        _routes.reset(self._token)
+
+
+# The linear route's switch -----------------------------------------------------------------------------
+
+ROUTES = ("auto", "onednn", "torch")
+LINEAR_ENV = "SWAPFORMER_CPU_LINEAR"
+
+_chosen: contextvars.ContextVar[str | None] = contextvars.ContextVar("swapformer_cpu_linear", default=None)
+_default: str | None = None  # the environment's route, resolved at the first call
+
+# the private torch names the route reads (torch_compat.py); a torch release without one keeps torch's route
+_ROUTE_TOUCH_POINTS = (
+    "onednn_linear",
+    "functorch_active",
+    "mkldnn_enabled",
+    "global_forward_hooks",
+    "global_forward_pre_hooks",
+)
+
+
+def _check_route(route, where: str) -> str:
+    if route not in ROUTES:
+        raise ValueError(
+            f"{where} is {route!r}; the CPU linear route must be one of {', '.join(map(repr, ROUTES))} "
+            "('auto': oneDNN on CPUs with AVX-512, 'onednn': always, 'torch': torch's own F.linear)"
+        )
+    if route == "onednn" and not _onednn_available():
+        raise ValueError(
+            f"{where} is 'onednn', but this torch build has no oneDNN linear op "
+            "(torch.backends.mkldnn.is_available() is False); use 'auto' or 'torch'"
+        )
+    return route
+
+
+def _onednn_available() -> bool:
+    return torch.backends.mkldnn.is_available() and all(map(available, _ROUTE_TOUCH_POINTS))
+
+
+def _environment_route() -> str:
+    global _default
+    if _default is None:
+        where = f"the environment variable {LINEAR_ENV}"
+        _default = _resolve(_check_route(os.environ.get(LINEAR_ENV, "auto").strip().lower(), where))
+    return _default
+
+
+def cpu_linear_route() -> str:
+    """The route in force: "onednn" or "torch" ("auto" resolved for this CPU; "torch" while the routes
+    are off). The environment variables are read once, at the first call; `cpu_linear` and `cpu_routes`
+    change the route at run time."""
+    route = _environment_route()  # read even while off: a wrong value fails when a model is built
+    if not cpu_routes_on():
+        return "torch"
+    chosen = _chosen.get()  # `cpu_linear` stores it resolved
+    return route if chosen is None else chosen
+
+
+def cpu_info(field: str) -> str:
+    """A field of the first CPU as Linux reports it ("vendor_id", "model name"), or "" where unknown."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith(field):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return ""
+
+
+def cpu_vendor() -> str:
+    """The CPU's vendor id ("AuthenticAMD", "GenuineIntel"), or "" where unknown."""
+    return cpu_info("vendor_id")
+
+
+def _auto_linear() -> tuple[str, str]:
+    """What "auto" means here and why: the gain is MKL's vendor dispatch (AVX2 code on AMD); where MKL
+    runs AVX-512 itself, torch's route was as fast or faster (linear.py)."""
+    if not _onednn_available():
+        return "torch", "no oneDNN linear op in this torch"
+    if not torch.backends.cpu.get_cpu_capability().startswith("AVX512"):
+        return "torch", "no AVX-512"
+    vendor = cpu_vendor()
+    if vendor == "AuthenticAMD":
+        return "onednn", "AMD CPU with AVX-512"
+    return "torch", {"GenuineIntel": "Intel CPU", "": "CPU vendor unknown"}.get(vendor, f"{vendor} CPU")
+
+
+def _resolve(route: str) -> str:
+    return _auto_linear()[0] if route == "auto" else route
+
+
+def linear_route_in_force() -> str:
+    """The linear route and why, for `swapformer env`: "torch (auto: Intel CPU)", "off (...)"."""
+    off = routes_off_reason()
+    if off is not None:
+        return f"off ({off})"
+    if _chosen.get() is not None:
+        return f"{cpu_linear_route()} (cpu_linear)"
+    asked = os.environ.get(LINEAR_ENV, "auto").strip().lower()
+    if asked != "auto":
+        return f"{cpu_linear_route()} ({LINEAR_ENV}={asked})"
+    route, why = _auto_linear()
+    return f"{route} (auto: {why})"
+
+
+@contextlib.contextmanager
+def cpu_linear(route: str):
+    """Run the block with the CPU linear route `route` ("auto", "onednn" or "torch"), whatever the
+    environment says; e.g. `with swapformer.cpu_linear("torch"):` for MKL's results bit for bit.
+    `cpu_routes(False)` overrides it."""
+    token = _chosen.set(_resolve(_check_route(route, "cpu_linear(route)")))
+    try:
+        yield
+    finally:
+        _chosen.reset(token)
