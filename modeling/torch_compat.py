@@ -10,7 +10,7 @@ Touch points:
         the CPU flash kernel of `F.scaled_dot_product_attention`, called directly by the sparse backend
         for its log-sum-exp output (merging segments), which the public function does not return
     ops.mkldnn._linear_pointwise
-        oneDNN's linear op, the CPU linear route (linear.py)
+        oneDNN's linear op, the CPU linear route (cpu/linear.py)
     _C._are_functorch_transforms_active
         whether vmap/grad transforms are active: the speed routes stand aside under them
     _C._get_mkldnn_enabled
@@ -23,7 +23,7 @@ Touch points:
         whether a weight is a tensor subclass such as torchao's quantized tensors (benchmarks/int8.py
         counts the bytes of their inner tensors)
     C++: at::native::cpublas::brgemm
-        oneDNN's batch-reduce GEMM, used by the sparse backend's native kernels (csrc/sparse_native.cpp);
+        oneDNN's batch-reduce GEMM, used by the sparse backend's native kernels (cpu/csrc/sparse_native.cpp);
         checked by building the kernels (`swapformer env`, tests/test_sparse_native.py)
 """
 
