@@ -97,6 +97,13 @@ def interleaved(fns: dict, rounds: int = 10, times: dict | None = None, round_s:
     return best
 
 
+def add_size_arguments(parser, **defaults: int) -> None:
+    """The model-size options a benchmark takes, `--name` for each of `defaults` (layers, hidden, heads,
+    intermediate, vocab), integers with the benchmark's own defaults."""
+    for name, default in defaults.items():
+        parser.add_argument(f"--{name}", type=int, default=default)
+
+
 def machine() -> str:
     """The CPU model, core count and load average (1 / 5 / 15 min), printed with every table."""
     from swapformer.modeling.cpu.routes import cpu_info  # here: the timing helpers above stay import-light

@@ -27,7 +27,7 @@ import torch
 from transformers import DynamicCache
 
 sys.path.insert(0, str(pathlib.Path(__file__).parent))
-from measure import interleaved, machine  # noqa: E402
+from measure import add_size_arguments, interleaved, machine  # noqa: E402
 
 import swapformer  # noqa: E402
 
@@ -128,11 +128,8 @@ def decode_table(cfg, contexts, rounds: int) -> list[str]:
 
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--hidden", type=int, default=512)
-    parser.add_argument("--heads", type=int, default=8)
+    add_size_arguments(parser, hidden=512, heads=8, layers=2, vocab=1000)
     parser.add_argument("--gqa-heads", type=int, default=2)
-    parser.add_argument("--layers", type=int, default=2)
-    parser.add_argument("--vocab", type=int, default=1000)
     parser.add_argument("--kv-lora-rank", type=int, default=256, help="DeepSeek-V3: 4x the head width")
     parser.add_argument("--q-lora-rank", type=int, default=384)
     parser.add_argument("--contexts", type=int, nargs="+", default=[512, 4096, 16384])

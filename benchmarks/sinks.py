@@ -25,7 +25,7 @@ import os
 import time
 
 import torch
-from measure import machine, status_kib
+from measure import add_size_arguments, machine, status_kib
 from transformers import DynamicCache
 
 import swapformer
@@ -135,9 +135,7 @@ def main(argv=None) -> list[dict]:
         "--sinks", action="store_true", help="learned per-head sinks too (attention_sinks=True)"
     )
     parser.add_argument("--max-positions", type=int, default=2048)
-    parser.add_argument("--layers", type=int, default=2)
-    parser.add_argument("--hidden", type=int, default=64)
-    parser.add_argument("--heads", type=int, default=4)
+    add_size_arguments(parser, layers=2, hidden=64, heads=4)
     parser.add_argument("--attn", default="sdpa")
     parser.add_argument(
         "--marks", type=int, nargs="+", default=[512, 1024, 2048, 4096, 8192, 16384, 32768], help="table rows"

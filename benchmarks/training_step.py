@@ -23,7 +23,7 @@ import argparse
 import time
 
 import torch
-from measure import machine
+from measure import add_size_arguments, machine
 from transformers import BertConfig, BertForMaskedLM, LlamaConfig, LlamaForCausalLM
 
 import swapformer
@@ -125,11 +125,7 @@ def main(argv=None):
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--layers", type=int, default=4)
-    parser.add_argument("--hidden", type=int, default=256)
-    parser.add_argument("--heads", type=int, default=4)
-    parser.add_argument("--intermediate", type=int, default=1024)
-    parser.add_argument("--vocab", type=int, default=32000)
+    add_size_arguments(parser, layers=4, hidden=256, heads=4, intermediate=1024, vocab=32000)
     parser.add_argument("--batch", type=int, default=4)
     parser.add_argument("--length", type=int, default=512)
     parser.add_argument("--rounds", type=int, default=5, help="timed steps per model (after one warm-up)")

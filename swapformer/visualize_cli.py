@@ -11,10 +11,12 @@ FORMATS = (".png", ".svg", ".pdf")
 
 
 def add_attention(subparsers) -> None:
-    p = subparsers.add_parser(
+    p = _picture_command(
+        subparsers,
         "attention",
-        description="Draw the attention of a saved model on a text as heatmaps (query rows, key columns, "
-        "token labels), on the backend it is loaded with. Long texts are block-averaged.",
+        _attention,
+        "Draw the attention of a saved model on a text as heatmaps (query rows, key columns, token labels), "
+        "on the backend it is loaded with. Long texts are block-averaged.",
     )
     p.add_argument("model", metavar="MODEL_DIR", help="a saved swapformer (or transformers) model folder")
     p.add_argument("--text", required=True, help="the text to look at")
@@ -30,15 +32,15 @@ def add_attention(subparsers) -> None:
     p.add_argument("--tokenizer", default=None, help="tokenizer folder, if MODEL_DIR has none")
     p.add_argument("--decoder-text", default=None, help="encoder-decoder models: the decoder's text")
     p.add_argument("--max-tokens", type=int, default=64, help="block-average beyond this many tokens")
-    _output_arguments(p)
-    p.set_defaults(func=_attention)
 
 
 def add_pattern(subparsers) -> None:
-    p = subparsers.add_parser(
+    p = _picture_command(
+        subparsers,
         "pattern",
-        description="Draw which keys each layer type of a config lets a query attend (window, global "
-        "tokens, random blocks, causality), as the model of that config applies it.",
+        _pattern,
+        "Draw which keys each layer type of a config lets a query attend (window, global tokens, random "
+        "blocks, causality), as the model of that config applies it.",
     )
     p.add_argument("config", metavar="CONFIG", help="a model folder or its config.json")
     p.add_argument("--seq-len", type=int, required=True, help="tokens in the row drawn")
@@ -48,13 +50,16 @@ def add_pattern(subparsers) -> None:
         help="comma-separated positions marked global (as a global_attention_mask would), e.g. 0,17",
     )
     p.add_argument("--max-tokens", type=int, default=128, help="block-average beyond this many tokens")
-    _output_arguments(p)
-    p.set_defaults(func=_pattern)
 
 
-def _output_arguments(p: argparse.ArgumentParser) -> None:
+def _picture_command(subparsers, name: str, func, description: str) -> argparse.ArgumentParser:
+    """The subcommand `name`, run by `func`, with the arguments every picture command takes (--out,
+    --overwrite); the caller adds its own."""
+    p = subparsers.add_parser(name, description=description)
     p.add_argument("--out", required=True, help=f"the picture to write ({', '.join(FORMATS)})")
     p.add_argument("--overwrite", action="store_true", help="replace --out if it exists")
+    p.set_defaults(func=func)
+    return p
 
 
 def _check_out(args) -> None:

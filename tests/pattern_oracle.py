@@ -52,6 +52,13 @@ class PatternSpec:
     num_random_blocks: int = 0
     random_seed: int = 0
 
+    def config_options(self) -> dict:
+        """The config fields this pattern's sizes come from (the same for every layer type)."""
+        return dict(
+            sliding_window=self.window, global_tokens=self.global_tokens, attention_block_size=self.block_size,
+            num_random_blocks=self.num_random_blocks, random_seed=self.random_seed,
+        )  # fmt: skip
+
 
 KINDS = {
     "full_attention": "full",

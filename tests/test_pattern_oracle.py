@@ -68,11 +68,7 @@ class Case:
         return tiny_config(
             "decoder" if self.causal else "encoder",
             layer_types=self.layer_types,
-            sliding_window=self.window,
-            global_tokens=self.global_tokens,
-            attention_block_size=self.block_size,
-            num_random_blocks=self.num_random_blocks,
-            random_seed=self.random_seed,
+            **self.spec(self.layer_types[0]).config_options(),
             num_key_value_heads=self.kv_heads,
             position_embedding_type="rope",
             max_position_embeddings=128,

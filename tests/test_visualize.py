@@ -3,6 +3,7 @@ the model's own maps on eager and against the independent pattern oracle, not on
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from pathlib import Path
@@ -126,23 +127,23 @@ def test_block_average_uneven_edges():
     ],
 )
 def test_pattern_masks_match_the_independent_oracle(arch, layer_types, marks):
-    seq_len, window, globals_, block, randoms, seed = 40, 3, 2, 4, 2, 5
+    seq_len = 40
+    # the sizes every layer reads; each layer type's spec is this one with its own kind
+    sizes = PatternSpec(
+        "full", arch == "decoder", window=3, global_tokens=2, block_size=4, num_random_blocks=2, random_seed=5
+    )
     cls = swapformer.EncoderConfig if arch == "encoder" else swapformer.DecoderConfig
     config = cls(
         num_hidden_layers=len(layer_types),
         layer_types=layer_types,
-        sliding_window=window,
-        global_tokens=globals_,
-        attention_block_size=block,
-        num_random_blocks=randoms,
-        random_seed=seed,
         max_position_embeddings=64,
+        **sizes.config_options(),
     )
     flags = [int(i in (marks or [])) for i in range(seq_len)]
     masks = visualize.pattern_masks(config, seq_len, global_attention_mask=flags if marks else None)
     row = RowLayout((True,) * seq_len, (0,) * seq_len, tuple(bool(f) for f in flags))
     for layer_type in layer_types:
-        spec = PatternSpec(KINDS[layer_type], arch == "decoder", window, globals_, block, randoms, seed)
+        spec = dataclasses.replace(sizes, kind=KINDS[layer_type])
         assert masks[layer_type].tolist() == allowed_rows(spec, row), layer_type
     fig = visualize.plot_pattern(config, seq_len, global_attention_mask=flags if marks else None)
     for (title, matrix, _, _), layer_type in zip(panels(fig), layer_types):
