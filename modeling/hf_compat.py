@@ -8,8 +8,8 @@ never replaces an entry transformers (or anyone else) made under the same name (
     AttentionInterface / AttentionMaskInterface  `swapformer_sparse`, `swapformer_sdpa_fa`, and
         `swapformer_per_layer` (the dispatcher of a {layer type: backend} mapping)
     cache layer types  `bigbird_attention` (transformers' full `DynamicLayer` / `StaticLayer`) and
-        `sliding_global_attention` (modeling/cache.py: GlobalWindowLayer / `StaticLayer`), all written by
-        `register_cache_layers`, the one writer of transformers' cache-layer mappings (called by cache.py)
+        `sliding_global_attention` (modeling/cache_layers.py: GlobalWindowLayer / `StaticLayer`), all written by
+        `register_cache_layers`, the one writer of transformers' cache-layer mappings (called by cache_layers.py)
 
 The user-facing names `attn_implementation="sparse"` / `"sdpa_fa"` stay what configs hold and save:
 `ALL_ATTENTION_FUNCTIONS` below is swapformer's own `AttentionInterface` instance, the way
@@ -179,7 +179,7 @@ def register_cache_layers(*, global_window_layer: type) -> None:
     """The one writer of transformers' cache-layer mappings, which `DynamicCache(config=...)` and
     `StaticCache(config=...)` read per layer type: BigBird layers keep every key (random blocks make any
     earlier block visible to a later query), window + global layers get `global_window_layer`
-    (modeling/cache.py, which calls this once its class exists; the static cache keeps every key)."""
+    (modeling/cache_layers.py, which calls this once its class exists; the static cache keeps every key)."""
     dynamic = {"bigbird_attention": DynamicLayer, "sliding_global_attention": global_window_layer}
     for layer_type, layer_class in dynamic.items():
         register(DYNAMIC_LAYER_TYPE_MAPPING, layer_type, layer_class, "a dynamic cache layer for")

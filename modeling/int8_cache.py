@@ -28,7 +28,7 @@ from dataclasses import dataclass
 import torch
 from transformers import Cache, DynamicCache, DynamicLayer, EncoderDecoderCache
 
-from .cache import GlobalWindowLayer, SlidingWindowLayer
+from .cache_layers import GlobalWindowLayer, SlidingWindowLayer
 from .hf_compat import DynamicSlidingWindowLayer
 
 QMAX = 127
@@ -119,7 +119,7 @@ class Int8Storage:
     """Mixin over a cache layer class: keys and values are kept as `Int8Rows`.
 
     `update`, the window bookkeeping and the window layers' `crop` go through `_append` / `_keep` /
-    `_stored` (cache.py: StoredRows), which work on the int8 rows directly, so a crop never re-quantises.
+    `_stored` (cache_layers.py: StoredRows), which work on the int8 rows directly, so a crop never re-quantises.
     `keys` and `values` stay readable and assignable as full-precision tensors (a read dequantises, an
     assignment quantises), so the base classes' rarer operations (offloading) work unchanged; beam
     reordering and batch selection index the int8 rows."""

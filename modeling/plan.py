@@ -22,6 +22,7 @@ from ..configuration.configuration_swapformer import GLOBAL_KINDS
 from .attention import check_backend_for_batch, eager_attention_forward, lower_mask
 from .bigbird import random_blocks
 from .cache import CacheView
+from .cache_layers import plan_global_window
 from .custom_masks import custom_mask_at_keys, refuse_custom_mask_backends
 from .hf_compat import ALL_ATTENTION_FUNCTIONS
 from .inputs import Positions, new_columns
@@ -177,8 +178,8 @@ def self_attention_pattern(stack, layer_type: str, pos: Positions, cache: CacheV
     is_global = global_tokens(config, kind, pos, global_mask)
     if kind == "sliding_global":
         indices = [i for i, other in enumerate(stack.layer_types) if other == layer_type]
-        cache.plan_global_window(
-            indices, config.sliding_window, config.global_tokens, is_global, pos.key_valid
+        plan_global_window(
+            cache, indices, config.sliding_window, config.global_tokens, is_global, pos.key_valid
         )
     keys = cache.key_geometry(stack.layer_types.index(layer_type), pos.length)
     index = AttentionPattern.keys_at(torch.arange(keys.length, device=pos.device), keys.offset, keys.prefix)

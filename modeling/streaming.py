@@ -1,7 +1,7 @@
 """Streaming sinks (StreamingLLM, https://arxiv.org/abs/2309.17453) at their positions within the cache.
 
 A decoder of `sliding_global_attention` layers with global_tokens=k is StreamingLLM's model: its cache
-(cache.py: GlobalWindowLayer) keeps the first k tokens and the window. With
+(cache_layers.py: GlobalWindowLayer) keeps the first k tokens and the window. With
 `streaming_positions="cache"` the kept leading keys are rotated to just before the first window key
 the cache holds, once per forward (`sink_shift`, made by the plan) and in the layer
 (`StreamingAttention`), exact for RoPE of fixed frequencies because rotations compose. The cache keeps

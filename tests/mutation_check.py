@@ -4,7 +4,7 @@ Each mutant removes or alters one rule of the pattern predicate (modeling/masks.
 `AttentionPattern.allowed`; modeling/bigbird.py the BigBird draw; modeling/lowering.py for flash), of the sparse
 backend where it handles a rule itself (sparse_layout.py, sparse_globals.py: the dense pass of global query
 rows, the global-key and random-key segments, counting each key once, the band; sparse_native_call.py and
-csrc/sparse_native.cpp: the same rules in the native CPU kernels, and rows without keys), or of the pattern's construction (modeling/plan.py: global tokens; modeling/cache.py: the caches). For every
+csrc/sparse_native.cpp: the same rules in the native CPU kernels, and rows without keys), or of the pattern's construction (modeling/plan.py: global tokens; modeling/cache_layers.py: the caches). For every
 mutant the fast tests run in a temporary copy of the repository, so nothing is ever edited in place
 (an interrupted run leaves the working tree untouched), and a table says which test caught it.
 
@@ -314,7 +314,7 @@ MUTANTS = [
         "if (mx == kNeg) {  // no key for this row",
         "if (false) {  // no key for this row",
     ),
-    # plan.py and cache.py: the pattern's construction and the caches
+    # plan.py and cache_layers.py: the pattern's construction and the caches
     Mutant(
         "global tokens",
         "position < global_tokens  ->  <=",
@@ -332,14 +332,14 @@ MUTANTS = [
     Mutant(
         "window + global cache",
         "key offset 0 when no global token (the bug fixed with this check)",
-        "modeling/cache.py",
+        "modeling/cache_layers.py",
         "(self.tail_start if self.tail_start > self.prefix else 0)",
         "(self.tail_start if self.key_prefix else 0)",
     ),
     Mutant(
         "window cache",
         "window of 1 keeps every token (transformers' behaviour, fixed with this check)",
-        "modeling/cache.py",
+        "modeling/cache_layers.py",
         "        if self.sliding_window == 1 and not self.record_past:",
         "        if False:",
     ),

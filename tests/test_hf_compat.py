@@ -205,7 +205,7 @@ def test_initialization_functions():
 
 
 def test_sliding_window_cache_layer():
-    """The window-of-1 fix (modeling/cache.py: SlidingWindowLayer) subclasses it and reads these."""
+    """The window-of-1 fix (modeling/cache_layers.py: SlidingWindowLayer) subclasses it and reads these."""
     layer_class = hf_compat.DynamicSlidingWindowLayer
     contract(
         issubclass(layer_class, transformers.DynamicLayer), "DynamicSlidingWindowLayer", "not a DynamicLayer"
@@ -217,7 +217,7 @@ def test_sliding_window_cache_layer():
 
 
 def test_sliding_window_layer_counts_tokens_and_records_the_past_for_assisted_decoding():
-    """The croppable window layers of modeling/cache.py and int8_cache.py read `cumulative_length` (every
+    """The croppable window layers of modeling/cache_layers.py and int8_cache.py read `cumulative_length` (every
     token seen) and `record_past` (generate() sets it for assisted decoding: nothing is dropped until
     `crop`), as transformers' own layer keeps them."""
     layer = hf_compat.DynamicSlidingWindowLayer(sliding_window=3)
