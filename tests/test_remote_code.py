@@ -153,3 +153,15 @@ def test_push_to_hub_uploads_the_modeling_code(how, tmp_path, monkeypatch):
         "configuration_swapformer.py",
     } <= set(commit["files"])
     assert "modeling_decoder.DecoderForCausalLM" in commit["files"]["config.json"].decode()
+
+
+def test_the_generated_header_is_never_read_as_an_encoding_declaration():
+    """A module whose name ends in "coding" (e.g. `cpu.decoding`) once made the header of its flat file a
+    PEP 263 encoding declaration ("...decoding: the model's source"), and the folder failed to load."""
+    from swapformer.modeling.remote_code import HEADER
+
+    for origin in ("swapformer.modeling.cpu.decoding", "x.coding", "encoding"):
+        source = HEADER.format(origin=origin) + "value = 1\n"
+        namespace = {}
+        exec(compile(source.encode(), f"{origin}.py", "exec"), namespace)
+        assert namespace["value"] == 1
