@@ -116,31 +116,43 @@ def run_python(script: str, *args, env: dict, tag: str, cwd=None) -> dict:
     return json.loads(done.stdout.split(f"{tag} ", 1)[1])
 
 
-BERT_SPECIAL = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+# BERT's special tokens by role, in the order of their ids (0-4)
+BERT_TOKENS = dict(
+    pad_token="[PAD]", unk_token="[UNK]", cls_token="[CLS]", sep_token="[SEP]", mask_token="[MASK]"
+)
+BERT_SPECIAL = list(BERT_TOKENS.values())
+
+
+def word_tokenizer(special: dict, words, *, normalizer=None, post_processor=None, decoder=None, **options):
+    """A word-level fast tokenizer split on white space: the `special` tokens (role: token, as
+    PreTrainedTokenizerFast takes them) get ids 0, 1, ... in their order, then `words`; `normalizer`,
+    `post_processor` and `decoder` are `tokenizers` objects for the steps a test needs, `options` go to
+    PreTrainedTokenizerFast."""
+    vocab = {tok: i for i, tok in enumerate([*special.values(), *words])}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token=special["unk_token"]))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    for step, value in dict(normalizer=normalizer, post_processor=post_processor, decoder=decoder).items():
+        if value is not None:
+            setattr(tok, step, value)
+    return transformers.PreTrainedTokenizerFast(tokenizer_object=tok, **special, **options)
 
 
 def bert_style_tokenizer(words, padding_side="right", decoder=None):
     """A word-level fast tokenizer with BERT's special tokens (ids 0-4, BERT_SPECIAL) then `words`:
     lowercased, split on white space, `[CLS] a [SEP]` and `[CLS] a [SEP] b [SEP]` with token types;
     `decoder` a `tokenizers.decoders` object where a test decodes."""
-    vocab = {tok: i for i, tok in enumerate(BERT_SPECIAL + list(words))}
-    tok = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
-    tok.normalizer = normalizers.Lowercase()
-    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    tok.post_processor = processors.TemplateProcessing(
+    ids = {tok: i for i, tok in enumerate(BERT_SPECIAL)}
+    template = processors.TemplateProcessing(
         single="[CLS] $A [SEP]",
         pair="[CLS] $A [SEP] $B:1 [SEP]:1",
-        special_tokens=[("[CLS]", vocab["[CLS]"]), ("[SEP]", vocab["[SEP]"])],
+        special_tokens=[("[CLS]", ids["[CLS]"]), ("[SEP]", ids["[SEP]"])],
     )
-    if decoder is not None:
-        tok.decoder = decoder
-    return transformers.PreTrainedTokenizerFast(
-        tokenizer_object=tok,
-        pad_token="[PAD]",
-        unk_token="[UNK]",
-        cls_token="[CLS]",
-        sep_token="[SEP]",
-        mask_token="[MASK]",
+    return word_tokenizer(
+        BERT_TOKENS,
+        words,
+        normalizer=normalizers.Lowercase(),
+        post_processor=template,
+        decoder=decoder,
         padding_side=padding_side,
         model_input_names=["input_ids", "token_type_ids", "attention_mask"],
     )

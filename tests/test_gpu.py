@@ -24,17 +24,14 @@ pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a C
 LENGTH = 96
 
 
-def cuda_model(arch, layer_type, dtype, **overrides):
-    options = dict(
-        sliding_window=9,
-        attention_block_size=16,
-        num_key_value_heads=2,
-        hidden_size=64,
-        max_position_embeddings=128,
-    )
-    options.update(overrides)
+# windows and blocks well below LENGTH, so that every pattern leaves keys out
+CUDA_SIZES = dict(sliding_window=9, attention_block_size=16, num_key_value_heads=2, hidden_size=64)
+
+
+def cuda_model(arch, layer_type, dtype):
     model_class = swapformer.EncoderModel if arch == "encoder" else swapformer.DecoderModel
-    return build(model_class, pattern_config(arch, layer_type, **options)).to("cuda", dtype)
+    config = pattern_config(arch, layer_type, max_position_embeddings=128, **CUDA_SIZES)
+    return build(model_class, config).to("cuda", dtype)
 
 
 def run(model, attn, ids, mask):

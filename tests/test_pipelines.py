@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import pytest
 import torch
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-from transformers import PreTrainedTokenizerFast, pipeline
+from tokenizers import decoders
+from transformers import pipeline
 
 import swapformer
 
-from conftest import bert_style_tokenizer, scramble_, tiny_config
+from conftest import bert_style_tokenizer, scramble_, tiny_config, word_tokenizer
 
 WORDS = "the a cat dog sat on mat paris is capital of france where what who ran fast".split()
 
@@ -89,18 +89,9 @@ def test_feature_extraction(tokenizer):
 @pytest.fixture(scope="module")
 def lm_tokenizer():
     """A word-level tokenizer with <s> / </s> / <pad>, left padding, as generation wants."""
-    vocab = {tok: i for i, tok in enumerate(["<pad>", "<s>", "</s>", "<unk>"] + WORDS)}
-    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
-    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    tok.decoder = decoders.WordPiece(prefix="##", cleanup=False)
-    return PreTrainedTokenizerFast(
-        tokenizer_object=tok,
-        pad_token="<pad>",
-        bos_token="<s>",
-        eos_token="</s>",
-        unk_token="<unk>",
-        padding_side="left",
-    )
+    special = dict(pad_token="<pad>", bos_token="<s>", eos_token="</s>", unk_token="<unk>")
+    decoder = decoders.WordPiece(prefix="##", cleanup=False)
+    return word_tokenizer(special, WORDS, decoder=decoder, padding_side="left")
 
 
 def lm(model_class, arch, tokenizer):
