@@ -39,10 +39,10 @@ def cpu_mlp(mlp: nn.Module, x: torch.Tensor) -> torch.Tensor:
     tensor subclasses, when a hook watches a projection and while the CPU routes are off."""
     projections = [p for p in (mlp.gate_proj, mlp.up_proj, mlp.down_proj) if p is not None]
     if (
-        not cpu_routes_on()
+        torch.compiler.is_compiling()  # first: the switch's context variable is not traceable
         or torch.is_grad_enabled()
+        or not cpu_routes_on()
         or type(x) is not torch.Tensor
-        or torch.compiler.is_compiling()
         or any(module_hooked(p) for p in projections)
     ):
         return mlp.compute(x, mlp.act_fn)
