@@ -64,6 +64,15 @@ MIXED_LAYERS = dict(
 )
 
 
+def bart_size(*, d_model: int, heads: int, ffn_dim: int, encoder_layers: int, decoder_layers: int) -> dict:
+    """BartConfig's size fields for an encoder and a decoder of the same width, heads and feed-forward size
+    (BART names each twice, once per half)."""
+    return dict(
+        d_model=d_model, encoder_layers=encoder_layers, decoder_layers=decoder_layers,
+        encoder_attention_heads=heads, decoder_attention_heads=heads, encoder_ffn_dim=ffn_dim, decoder_ffn_dim=ffn_dim,
+    )  # fmt: skip
+
+
 # Multi-head latent attention at the tiny size: every width different, so a swapped one fails.
 MLA_TINY = dict(
     position_embedding_type="rope", kv_lora_rank=8, q_lora_rank=12, qk_nope_head_dim=6, qk_rope_head_dim=4,

@@ -19,7 +19,7 @@ from swapformer.cli import main
 from swapformer.conversion import ConversionError, VerificationError, convert
 from swapformer.conversion import checkpoint as convert_module
 
-from conftest import scramble_
+from conftest import bart_size, scramble_
 
 V = 97  # vocabulary of the tiny models
 SMALL = dict(vocab_size=V, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=48)
@@ -60,10 +60,8 @@ def t5_config(**kw):
 
 
 def bart_config(**kw):
-    return T.BartConfig(
-        vocab_size=V, d_model=32, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4,
-        decoder_attention_heads=4, encoder_ffn_dim=48, decoder_ffn_dim=48, max_position_embeddings=40, **kw,
-    )  # fmt: skip
+    size = bart_size(d_model=32, heads=4, ffn_dim=48, encoder_layers=2, decoder_layers=2)
+    return T.BartConfig(vocab_size=V, **size, max_position_embeddings=40, **kw)
 
 
 def longformer_config(**kw):

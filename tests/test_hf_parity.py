@@ -21,7 +21,7 @@ from transformers import (
 import swapformer
 from swapformer.conversion import ConversionError, convert_state_dict, from_hf_model
 
-from conftest import HF_SIZE, max_diff, padded_batch, scramble_
+from conftest import HF_SIZE, bart_size, max_diff, padded_batch, scramble_
 
 TOL = 1e-5
 BACKENDS = ["eager", "sdpa"]
@@ -55,13 +55,7 @@ def bart(attn, cls=BartModel):
     return cls(
         BartConfig(
             vocab_size=97,
-            d_model=48,
-            encoder_layers=2,
-            decoder_layers=3,
-            encoder_attention_heads=4,
-            decoder_attention_heads=4,
-            encoder_ffn_dim=96,
-            decoder_ffn_dim=96,
+            **bart_size(d_model=48, heads=4, ffn_dim=96, encoder_layers=2, decoder_layers=3),
             max_position_embeddings=64,
             attn_implementation=attn,
         )

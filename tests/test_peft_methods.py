@@ -25,7 +25,7 @@ import transformers
 
 import swapformer
 
-from conftest import TINY_SIZE, VOCAB, build, max_diff, padded_batch, tiny_config
+from conftest import TINY_SIZE, VOCAB, bart_size, build, max_diff, padded_batch, tiny_config
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # conftest.one_thread
 
@@ -54,13 +54,13 @@ T5 = dict(
     decoder_start_token_id=0,
 )
 BART = dict(
-    d_model=TINY_SIZE["hidden_size"],
-    encoder_layers=TINY_SIZE["num_hidden_layers"],
-    decoder_layers=TINY_SIZE["num_hidden_layers"],
-    encoder_attention_heads=TINY_SIZE["num_attention_heads"],
-    decoder_attention_heads=TINY_SIZE["num_attention_heads"],
-    encoder_ffn_dim=TINY_SIZE["intermediate_size"],
-    decoder_ffn_dim=TINY_SIZE["intermediate_size"],
+    **bart_size(
+        d_model=TINY_SIZE["hidden_size"],
+        heads=TINY_SIZE["num_attention_heads"],
+        ffn_dim=TINY_SIZE["intermediate_size"],
+        encoder_layers=TINY_SIZE["num_hidden_layers"],
+        decoder_layers=TINY_SIZE["num_hidden_layers"],
+    ),
     max_position_embeddings=64,
     dropout=0.0,
     decoder_start_token_id=1,
