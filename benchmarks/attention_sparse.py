@@ -46,13 +46,13 @@ from measure import BERT_BASE, POST_NORM, interleaved, json_from_child, peak_ext
 from transformers import LongformerConfig, LongformerModel
 
 import swapformer
-from swapformer.modeling.attention import eager_attention_forward
-from swapformer.modeling.bigbird import random_layouts
+from swapformer.modeling.attention.functions import eager_attention_forward
+from swapformer.modeling.attention.lowering import lower
+from swapformer.modeling.attention.masks import AttentionPattern
 from swapformer.modeling.cpu.linear import linear
 from swapformer.modeling.cpu.routes import cpu_info
-from swapformer.modeling.lowering import lower
-from swapformer.modeling.masks import AttentionPattern
-from swapformer.modeling.sparse import sparse_attention_forward
+from swapformer.modeling.sparse.bigbird import random_layouts
+from swapformer.modeling.sparse.sparse import sparse_attention_forward
 
 HEADS, HEAD_DIM, BLOCK, WINDOW, GLOBALS, RANDOM = 12, 64, 64, 129, 1, 3
 # glibc keeps freed blocks up to 1 GiB instead of unmapping or trimming them (see the docstring)

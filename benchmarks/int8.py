@@ -42,8 +42,8 @@ from measure import machine
 from transformers import AutoModelForCausalLM, DynamicCache, QuantoConfig, TorchAoConfig
 
 import swapformer  # noqa: F401  (registers the model types)
-from swapformer.modeling.int8_cache import Int8Cache
-from swapformer.modeling.torch_compat import is_traceable_wrapper_subclass
+from swapformer.modeling.caches.int8_cache import Int8Cache
+from swapformer.modeling.compat.torch_compat import is_traceable_wrapper_subclass
 
 
 def validation_batches(folder: pathlib.Path) -> list[dict]:

@@ -27,7 +27,7 @@ from measure import interleaved, machine
 from torch import nn
 
 import swapformer
-from swapformer.modeling import layers
+from swapformer.modeling.core import layers as layers
 from swapformer.modeling.cpu import mlp as chunking
 
 

@@ -8,7 +8,7 @@ handed to `sdpa_fa`, gradients through flex on CPU, attention dropout in a train
 forward traced by torch.compile or torch.export) fail in the forward with the same kind of message.
 
 Torch-free on purpose: checks over the table and config values. Checks that need torch (the device
-of the weights, installed kernels) live in `modeling/attention.py`.
+of the weights, installed kernels) live in `modeling/attention/functions.py`.
 """
 
 from __future__ import annotations
@@ -244,7 +244,7 @@ def compiles(backend: str, kind: str, device: str) -> bool:
 
 
 # The facts `check_backend_for_forward` checks, as sets a forward reads without calling into this module
-# (modeling/attention.py: check_backend_for_batch); the refusal and its words stay above.
+# (modeling/attention/functions.py: check_backend_for_batch); the refusal and its words stay above.
 TRAINS_ON = frozenset((name, device) for name, caps in BACKENDS.items() for device in caps.backward)
 APPLIES_DROPOUT = frozenset(name for name, caps in BACKENDS.items() if caps.dropout)
 COMPILES_ON = frozenset(

@@ -52,14 +52,14 @@ class Capabilities:
     padding: bool = True
     packing: bool = True  # several sequences per row kept apart (restarting position_ids, cu_seq_lens_*)
     # a 4D attention_mask (batch, 1, query, key) of any pattern: the backend applies a dense or per-block
-    # mask evaluated from the pattern (modeling/masks.py), not only padding and kernel arguments
+    # mask evaluated from the pattern (modeling/attention/masks.py), not only padding and kernel arguments
     custom_mask: bool = True
     gqa: bool = True
     # multi-head latent attention (DecoderConfig.kv_lora_rank): per-head keys wider than the values
     latent_attention: bool = True
     dropout: bool = True
     position_bias: bool = True  # additive score biases: ALiBi, T5 relative bias
-    # Linformer's projected keys and values (config.linformer_k, modeling/linformer.py): dense attention
+    # Linformer's projected keys and values (config.linformer_k, modeling/variants/linformer.py): dense attention
     # over linformer_k rows without a mask, padding zeroed before the projection
     linformer: bool = True
     # "native": the kernel returns the weights; "recomputed": swapformer recomputes them for the layers

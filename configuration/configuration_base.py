@@ -40,7 +40,7 @@ INITIALIZERS = ("normal", "xavier")
 # of every layer and head ("layerwise"), one per layer for keys and values ("key_value"), or one E and one
 # F per layer ("headwise": shared by the heads of a layer only)
 LINFORMER_SHARING = ("layerwise", "key_value", "headwise")
-# Where a window + global cache puts its kept leading tokens (modeling/sinks.py: streaming sinks)
+# Where a window + global cache puts its kept leading tokens (modeling/variants/sinks.py: streaming sinks)
 STREAMING_POSITIONS = ("absolute", "cache")
 SCALE_FIX = "or None for head_dim ** -0.5 (T5 uses 1.0)"
 INIT_FIX = "it is the std of the initial weights (0.02 is usual)"
@@ -133,9 +133,9 @@ class SwapformerConfig(PreTrainedConfig):
             are rotated at once the cache dropped tokens after them: `"absolute"` (their own, 0..k-1) or
             `"cache"` (StreamingLLM's positions within the cache, https://arxiv.org/abs/2309.17453: just
             before the first window token the cache holds, so no query sees a sink further than the
-            window plus k). RoPE decoders with `sliding_global_attention` layers (modeling/sinks.py).
+            window plus k). RoPE decoders with `sliding_global_attention` layers (modeling/variants/sinks.py).
         attention_sinks: each self-attention layer learns `sinks`, one logit per query head that joins
-            the softmax's denominator and carries no value (gpt-oss's attention sinks; modeling/sinks.py).
+            the softmax's denominator and carries no value (gpt-oss's attention sinks; modeling/variants/sinks.py).
     """
 
     model_type = "swapformer"

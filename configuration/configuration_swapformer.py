@@ -105,7 +105,7 @@ class DecoderConfig(SwapformerConfig):
     Args:
         kv_lora_rank: multi-head latent attention (MLA, DeepSeek-V2 https://arxiv.org/abs/2405.04434) when
             set: keys and values are up-projected from one per-token latent of this width, which is what
-            the cache keeps (with the RoPE key); `None` (default) is ordinary attention. modeling/mla.py.
+            the cache keeps (with the RoPE key); `None` (default) is ordinary attention. modeling/variants/mla.py.
         q_lora_rank: MLA queries go through a latent of this width (`None`: one query projection).
         qk_nope_head_dim, qk_rope_head_dim, v_head_dim: MLA's per-head widths of the query/key part
             without RoPE, of the RoPE part (shared by all heads on the key side) and of the values.

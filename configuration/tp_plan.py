@@ -11,7 +11,7 @@ from __future__ import annotations
 ATTENTION_TP_PLAN = {"q_proj": "colwise", "k_proj": "colwise", "v_proj": "colwise", "o_proj": "rowwise"}
 # Longformer's own projections of global tokens (`global_projections`), sharded by heads as q/k/v are
 GLOBAL_TP_PLAN = {f"{name}_global_proj": "colwise" for name in "qkv"}
-# MLA (modeling/mla.py): the up-projections by heads, with the query's (`_stack_tp_plan`); the latent
+# MLA (modeling/variants/mla.py): the up-projections by heads, with the query's (`_stack_tp_plan`); the latent
 # projections (q_a_proj, kv_a_proj_with_mqa) are shared by all heads and stay whole on every rank
 LATENT_TP_PLAN = {"kv_b_proj": "colwise", "o_proj": "rowwise"}
 

@@ -1,6 +1,6 @@
 """DeepSeek-V3 (`DeepseekV3Model`, `DeepseekV3ForCausalLM`, `DeepseekV3ForSequenceClassification`) with
 dense MLPs in every layer (`first_k_dense_replace >= num_hidden_layers`) -> swapformer `DecoderModel` and
-heads with multi-head latent attention (`kv_lora_rank`, modeling/mla.py): Llama's blocks otherwise
+heads with multi-head latent attention (`kv_lora_rank`, modeling/variants/mla.py): Llama's blocks otherwise
 (pre-RMSNorm, RoPE, SwiGLU). The attention's parameter names are transformers' own. Mixture-of-experts
 layers have no swapformer counterpart and are refused.
 """

@@ -21,7 +21,9 @@ ROOT = Path(__file__).resolve().parents[1]
 def build(arch: str, backend: str):
     from swapformer import DecoderConfig, DecoderForCausalLM, EncoderConfig, EncoderModel
 
-    small = dict(vocab_size=64, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64)
+    small = dict(
+        vocab_size=64, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64
+    )
     if backend == "sparse":
         small.update(layer_types=["sliding_global_attention"] * 2, sliding_window=8, global_tokens=2)
     if arch == "decoder":
@@ -52,7 +54,9 @@ def footprint(model, length: int) -> dict[Path, set[int]]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--arch", choices=("decoder", "encoder"), default="decoder")
     parser.add_argument("--backend", default="sdpa")
     parser.add_argument("--length", type=int, default=32)

@@ -3,7 +3,7 @@
 import transformers
 
 from .configuration import DecoderConfig, EncoderConfig, Seq2SeqConfig
-from .modeling import modeling_decoder, modeling_encoder, modeling_seq2seq
+from .modeling.heads import modeling_decoder, modeling_encoder, modeling_seq2seq
 
 ARCHITECTURES = (
     (EncoderConfig, modeling_encoder.AUTO_CLASSES),

@@ -154,11 +154,11 @@ def _touch_points() -> dict:
     ledger (it imports them all); the others one by one."""
     rows = {}
     try:
-        importlib.import_module("swapformer.modeling.hf_compat")
-        rows["transformers (modeling/hf_compat.py)"] = "ok"
+        importlib.import_module("swapformer.modeling.compat.hf_compat")
+        rows["transformers (modeling/compat/hf_compat.py)"] = "ok"
     except Exception as e:
-        rows["transformers (modeling/hf_compat.py)"] = f"{type(e).__name__}: {e}"
-    from .modeling import accelerate_compat, torch_compat
+        rows["transformers (modeling/compat/hf_compat.py)"] = f"{type(e).__name__}: {e}"
+    from .modeling.compat import accelerate_compat, torch_compat
 
     for name, where in torch_compat.TOUCH_POINTS.items():
         rows[f"torch.{where}"] = _ok(torch_compat.lookup, name)

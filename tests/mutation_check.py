@@ -1,10 +1,10 @@
 """Mutation check of the attention-pattern tests: does each rule have a test that fails without it?
 
-Each mutant removes or alters one rule of the pattern predicate (modeling/masks.py
-`AttentionPattern.allowed`; modeling/bigbird.py the BigBird draw; modeling/lowering.py for flash), of the sparse
+Each mutant removes or alters one rule of the pattern predicate (modeling/attention/masks.py
+`AttentionPattern.allowed`; modeling/sparse/bigbird.py the BigBird draw; modeling/attention/lowering.py for flash), of the sparse
 backend where it handles a rule itself (sparse_layout.py, sparse_globals.py: the dense pass of global query
 rows, the global-key and random-key segments, counting each key once, the band; sparse_native_call.py and
-csrc/sparse_native.cpp: the same rules in the native CPU kernels, and rows without keys), or of the pattern's construction (modeling/plan.py: global tokens; modeling/cache_layers.py: the caches). For every
+csrc/sparse_native.cpp: the same rules in the native CPU kernels, and rows without keys), or of the pattern's construction (modeling/core/plan.py: global tokens; modeling/caches/cache_layers.py: the caches). For every
 mutant the fast tests run in a temporary copy of the repository, so nothing is ever edited in place
 (an interrupted run leaves the working tree untouched), and a table says which test caught it.
 
@@ -49,140 +49,140 @@ MUTANTS = [
     Mutant(
         "global query",
         "drop `| global_queries`",
-        "modeling/masks.py",
+        "modeling/attention/masks.py",
         "            structure = structure | self.global_queries[b, row]\n",
         "            structure = structure\n",
     ),
     Mutant(
         "global key",
         "drop `| global_keys`",
-        "modeling/masks.py",
+        "modeling/attention/masks.py",
         "            structure = structure | self.global_keys[b, safe]\n",
         "            structure = structure\n",
     ),
     Mutant(
         "window edge (causal)",
         "q - k < w  ->  q - k <= w",
-        "modeling/masks.py",
+        "modeling/attention/masks.py",
         "return (d < self.window) if self.causal",
         "return (d <= self.window) if self.causal",
     ),
     Mutant(
         "window edge (causal)",
         "q - k < w  ->  q - k < w - 1",
-        "modeling/masks.py",
+        "modeling/attention/masks.py",
         "return (d < self.window) if self.causal",
         "return (d < self.window - 1) if self.causal",
     ),
     Mutant(
         "window edge (bidirectional)",
         "|q - k| < w  ->  |q - k| <= w",
-        "modeling/masks.py",
+        "modeling/attention/masks.py",
         "else (d.abs() < self.window)",
         "else (d.abs() <= self.window)",
     ),
     Mutant(
         "window edge (bidirectional)",
         "|q - k| < w  ->  |q - k| < w - 1",
-        "modeling/masks.py",
+        "modeling/attention/masks.py",
         "else (d.abs() < self.window)",
         "else (d.abs() < self.window - 1)",
     ),
     Mutant(
         "random blocks",
         "drop `| random_blocks`",
-        "modeling/masks.py",
+        "modeling/attention/masks.py",
         "            structure = structure | self.random_blocks(b, row, q, k)\n",
         "            structure = structure\n",
     ),
     Mutant(
         "random blocks",
         "query block off by one ((q - s) // b -> (q + 1 - s) // b)",
-        "modeling/masks.py",
+        "modeling/attention/masks.py",
         "qb, kb = (q - start) // self.block_size,",
         "qb, kb = (q + 1 - start) // self.block_size,",
     ),
     Mutant(
         "random blocks",
         "draw seeded without n_key_blocks (bidirectional)",
-        "modeling/bigbird.py",
+        "modeling/sparse/bigbird.py",
         "j * 8_191 + (0 if causal else n_key_blocks))",
         "j * 8_191)",
     ),
     Mutant(
         "random blocks",
         "causal draw may pick the next block",
-        "modeling/bigbird.py",
+        "modeling/sparse/bigbird.py",
         "choices = range(min(j + 1, n_key_blocks)) if causal",
         "choices = range(min(j + 2, n_key_blocks)) if causal",
     ),
     Mutant(
         "random blocks (start)",
         "counted from index 0, not the sequence's first real token",
-        "modeling/masks.py",
+        "modeling/attention/masks.py",
         "start, layout = self.random_start[b, row], self.random_index[b, row]",
         "start, layout = 0, self.random_index[b, row]",
     ),
     Mutant(
         "random blocks (causal)",
         "causal draw seeded with the table size (the layout changes as the sequence grows)",
-        "modeling/bigbird.py",
+        "modeling/sparse/bigbird.py",
         "j * 8_191 + (0 if causal else n_key_blocks))",
         "j * 8_191 + n_key_blocks)",
     ),
     Mutant(
         "random blocks (layout)",
         "every sequence drawn in the layout of the longest row, not of its own length",
-        "modeling/bigbird.py",
+        "modeling/sparse/bigbird.py",
         "blocks = ((lengths + block_size - 1) // block_size).clamp(1, n_blocks)",
         "blocks = lengths * 0 + n_blocks",
     ),
     Mutant(
         "causal",
         "drop `k <= q`",
-        "modeling/masks.py",
+        "modeling/attention/masks.py",
         "            ok = ok & (k <= q)\n",
         "            ok = ok\n",
     ),
     Mutant(
         "causal",
         "k <= q  ->  k <= q + 1",
-        "modeling/masks.py",
+        "modeling/attention/masks.py",
         "            ok = ok & (k <= q)\n",
         "            ok = ok & (k <= q + 1)\n",
     ),
     Mutant(
         "padding",
         "drop `key_valid`",
-        "modeling/masks.py",
+        "modeling/attention/masks.py",
         "            ok = ok & self.key_valid[b, safe]\n",
         "            ok = ok\n",
     ),
     Mutant(
         "packing boundary",
         "drop `same sequence`",
-        "modeling/masks.py",
+        "modeling/attention/masks.py",
         "            ok = ok & (self.query_packing.ids[b, row] == self.key_packing.ids[b, safe])\n",
         "            ok = ok\n",
     ),
     Mutant(
         "packing boundary",
         "a query also sees the previous sequence",
-        "modeling/masks.py",
+        "modeling/attention/masks.py",
         "            ok = ok & (self.query_packing.ids[b, row] == self.key_packing.ids[b, safe])\n",
         "            ok = ok & (self.query_packing.ids[b, row] - self.key_packing.ids[b, safe] <= 1)\n",
     ),
     Mutant(
         "padding (flash)",
         "no padding mask for flash_attention_2",
-        "modeling/lowering.py",
+        "modeling/attention/lowering.py",
         "    if pattern.key_valid is None:\n        return None\n    return pattern.key_valid.long()",
         "    return None",
     ),
     Mutant(
         "packing boundary (flash)",
         "no varlen boundaries for flash_attention_2",
-        "modeling/lowering.py",
+        "modeling/attention/lowering.py",
         "        return KernelMask(None, varlen)",
         "        return None",
     ),
@@ -190,77 +190,77 @@ MUTANTS = [
     Mutant(
         "global query (sparse)",
         "no dense pass for global query rows",
-        "modeling/sparse_layout.py",
+        "modeling/sparse/sparse_layout.py",
         "if pattern.global_queries is not None and bool(pattern.global_queries.any()):",
         "if False:",
     ),
     Mutant(
         "global query (sparse)",
         "unused write-back slots written too (they land on the last query)",
-        "modeling/sparse_globals.py",
+        "modeling/sparse/sparse_globals.py",
         "batch_idx, slot = (layout.global_rows >= 0).nonzero(as_tuple=True)",
         "batch_idx, slot = (layout.global_rows >= -1).nonzero(as_tuple=True)",
     ),
     Mutant(
         "global query (sparse)",
         "pieces of the global query rows averaged instead of merged by log-sum-exp (no gradients)",
-        "modeling/sparse_globals.py",
+        "modeling/sparse/sparse_globals.py",
         "self.out = self.out.lerp_(out, torch.sigmoid(lse - self.lse)[..., None])",
         "self.out = self.out.lerp_(out, 0.5)",
     ),
     Mutant(
         "global key (sparse)",
         "global-key segment dropped from the merge (no gradients)",
-        "modeling/sparse_globals.py",
+        "modeling/sparse/sparse_globals.py",
         "torch.lerp(o1, o2, share, out=target)",
         "target.copy_(o1)",
     ),
     Mutant(
         "count once (sparse)",
         "the global-key mask skipped in every chunk (a global key inside the band counted twice)",
-        "modeling/sparse.py",
+        "modeling/sparse/sparse.py",
         "glob.masked_blocks = layout.global_key_mask.ne(0).flatten(2).any(-1).any(0).tolist()",
         "glob.masked_blocks = (layout.global_key_mask.ne(0).flatten(2).any(-1).any(0) & False).tolist()",
     ),
     Mutant(
         "global key (sparse)",
         "no global-key segment",
-        "modeling/sparse_layout.py",
+        "modeling/sparse/sparse_layout.py",
         "    if pattern.global_keys is not None:\n        order, present",
         "    if False:\n        order, present",
     ),
     Mutant(
         "random blocks (sparse)",
         "no random-key segment",
-        "modeling/sparse_layout.py",
+        "modeling/sparse/sparse_layout.py",
         "    if pattern.random_table is None:\n        return None, None\n    keys, counted",
         "    if True:\n        return None, None\n    keys, counted",
     ),
     Mutant(
         "random blocks (sparse)",
         "random keys gathered from index 0, not from the row's first real token",
-        "modeling/sparse_layout.py",
+        "modeling/sparse/sparse_layout.py",
         "keys = pick(start)[..., None, None] + chosen",
         "keys = 0 * pick(start)[..., None, None] + chosen",
     ),
     Mutant(
         "count once (sparse)",
         "a global/random key inside the band counted twice",
-        "modeling/sparse_layout.py",
+        "modeling/sparse/sparse_layout.py",
         "    counted = counted & ~in_band[:, :, None, :]\n",
         "",
     ),
     Mutant(
         "count once (sparse)",
         "a random key that is global counted twice",
-        "modeling/sparse_layout.py",
+        "modeling/sparse/sparse_layout.py",
         "        counted = counted & ~is_global[:, :, None, :]\n",
         "",
     ),
     Mutant(
         "window edge (sparse band)",
         "band one key short on the left",
-        "modeling/sparse_layout.py",
+        "modeling/sparse/sparse_layout.py",
         "left, right = pattern.window - 1, (0 if",
         "left, right = pattern.window - 2, (0 if",
     ),
@@ -318,28 +318,28 @@ MUTANTS = [
     Mutant(
         "global tokens",
         "position < global_tokens  ->  <=",
-        "modeling/plan.py",
+        "modeling/core/plan.py",
         "is_global = pos.keys < config.global_tokens",
         "is_global = pos.keys <= config.global_tokens",
     ),
     Mutant(
         "global tokens",
         "ignore global_attention_mask",
-        "modeling/plan.py",
+        "modeling/core/plan.py",
         "        is_global = is_global | global_mask.bool()\n",
         "        is_global = is_global\n",
     ),
     Mutant(
         "window + global cache",
         "key offset 0 when no global token (the bug fixed with this check)",
-        "modeling/cache_layers.py",
+        "modeling/caches/cache_layers.py",
         "(self.tail_start if self.tail_start > self.prefix else 0)",
         "(self.tail_start if self.key_prefix else 0)",
     ),
     Mutant(
         "window cache",
         "window of 1 keeps every token (transformers' behaviour, fixed with this check)",
-        "modeling/cache_layers.py",
+        "modeling/caches/cache_layers.py",
         "        if self.sliding_window == 1 and not self.record_past:",
         "        if False:",
     ),
@@ -376,7 +376,7 @@ def run_tests(repo: Path, tests: list[str], timeout: int, extensions: Path) -> t
     """(caught, first failing test) for the tests run in the copy; the native kernels are built in
     `extensions` (this run's own directory: a mutant's build never reaches the user's cache)."""
     env = dict(os.environ, PYTHONPATH=str(repo), OMP_NUM_THREADS="1", TORCH_EXTENSIONS_DIR=str(extensions))
-    check = "import swapformer.modeling.masks as m, sys; print(m.__file__)"
+    check = "import swapformer.modeling.attention.masks as m, sys; print(m.__file__)"
     where = subprocess.run([sys.executable, "-c", check], env=env, cwd=repo, capture_output=True, text=True)
     if not where.stdout.strip().startswith(str(repo)):
         raise SystemExit(

@@ -1,7 +1,7 @@
 """An independent oracle for the attention patterns: may query q attend key k?
 
 Written from the definitions only (the `layer_types` ... `random_seed` entries of the config docstring
-in configuration/configuration_base.py, the module docstring of modeling/masks.py, docs/architecture.md
+in configuration/configuration_base.py, the module docstring of modeling/attention/masks.py, docs/architecture.md
 items 3, 7 and 15), in plain Python over one batch row at a time, with no import from `modeling/`: the
 backends all evaluate the same predicate (masks.AttentionPattern.allowed), so checking them against
 each other cannot find a mistake in that predicate; checking them against this can. Readability over

@@ -12,9 +12,9 @@ import torch
 from transformers import DynamicCache, StaticCache
 
 from swapformer.configuration.configuration_swapformer import LAYER_TYPES
-from swapformer.modeling.cache import SlidingWindowLayer, dynamic_cache, static_cache
-from swapformer.modeling.hf_compat import DynamicSlidingWindowLayer
-from swapformer.modeling.int8_cache import Int8Cache
+from swapformer.modeling.caches.cache import SlidingWindowLayer, dynamic_cache, static_cache
+from swapformer.modeling.caches.int8_cache import Int8Cache
+from swapformer.modeling.compat.hf_compat import DynamicSlidingWindowLayer
 
 from conftest import LM_CLASSES, build, generate_steps, max_diff, padded_batch, tiny_config
 

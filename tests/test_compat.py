@@ -13,7 +13,8 @@ import accelerate.utils
 import pytest
 import torch
 
-from swapformer.modeling import accelerate_compat, torch_compat
+from swapformer.modeling.compat import accelerate_compat as accelerate_compat
+from swapformer.modeling.compat import torch_compat as torch_compat
 from swapformer.training import launch
 
 

@@ -16,9 +16,9 @@ import pytest
 import torch
 
 import swapformer
-from swapformer.modeling import sparse
 from swapformer.modeling.cpu import linear, mlp, routes, weight_copies
 from swapformer.modeling.cpu.weight_copies import DecodingWeights
+from swapformer.modeling.sparse import sparse as sparse
 
 from conftest import SPARSE_CPU_ROUTES, build, max_diff, padded_batch, pattern_config, route_env_fixture
 
@@ -47,7 +47,9 @@ def watch_routes(monkeypatch, forbid: bool) -> dict[str, int]:
 
     monkeypatch.setattr(linear, "onednn_linear", watched("onednn linear", linear.onednn_linear))
     monkeypatch.setattr(mlp, "_in_chunks", watched("MLP chunks", mlp._in_chunks))
-    monkeypatch.setattr(weight_copies, "input_major_copy", watched("decoding copies", weight_copies.input_major_copy))
+    monkeypatch.setattr(
+        weight_copies, "input_major_copy", watched("decoding copies", weight_copies.input_major_copy)
+    )
     during = watched("decoding copies", DecodingWeights.during.__func__)
     monkeypatch.setattr(DecodingWeights, "during", classmethod(during))
     monkeypatch.setattr(sparse, "sparse_native_attend", watched("sparse native", sparse.sparse_native_attend))

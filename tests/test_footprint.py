@@ -15,7 +15,7 @@ import torch
 import swapformer
 from swapformer import DecoderForCausalLM
 from swapformer.configuration.backends import BACKENDS, PATTERNS, check_backend_for_forward
-from swapformer.modeling.attention import check_backend_for_batch
+from swapformer.modeling.attention.functions import check_backend_for_batch
 
 from conftest import tiny_config
 
@@ -51,7 +51,7 @@ def test_a_plain_forward_reads_no_configuration_losses_or_variants(backend):
     with torch.no_grad():
         model(ids)  # first-call work (lazy imports) is not the forward
         run = files_run_by(lambda: model(ids))
-    assert "modeling/plan.py" in run  # the tracer sees the core
+    assert "modeling/core/plan.py" in run  # the tracer sees the core
     outside = sorted(f for f in run if f.startswith("configuration/"))
     assert not outside, f"a plain forward ran the configuration modules {outside}"
     variants = ("losses.py", "packing.py", "sparse", "bigbird", "global_rows.py", "sinks.py", "streaming.py")
@@ -64,7 +64,7 @@ def test_labels_still_reach_the_loss():
     ids = torch.randint(3, 90, (2, 12))
     with torch.no_grad():
         run = files_run_by(lambda: model(ids, labels=ids))
-    assert "modeling/losses.py" in run
+    assert "modeling/heads/losses.py" in run
 
 
 def refusal(check, *args, **kwargs) -> str | None:

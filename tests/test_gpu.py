@@ -86,8 +86,8 @@ def test_speed_print():
     """Not an assertion: prints the 8k-token layer times on this GPU for the README."""
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-    from swapformer.modeling.lowering import lower
-    from swapformer.modeling.sparse import sparse_attention_forward
+    from swapformer.modeling.attention.lowering import lower
+    from swapformer.modeling.sparse.sparse import sparse_attention_forward
 
     bench = load_benchmark("attention_sparse")  # its layer pattern: window 129, 1 global, blocks of 64
     n, heads, dim = 8192, bench.HEADS, bench.HEAD_DIM

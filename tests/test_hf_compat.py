@@ -1,4 +1,4 @@
-"""One contract test per touch point with transformers (modeling/hf_compat.py lists them).
+"""One contract test per touch point with transformers (modeling/compat/hf_compat.py lists them).
 
 Each test checks that the name still exists and behaves as swapformer relies on, and fails with a
 message naming the touch point and what changed, so a transformers upgrade that breaks one says where.
@@ -18,15 +18,15 @@ from transformers import AttentionInterface, AttentionMaskInterface, PreTrainedC
 import swapformer
 from swapformer.configuration.backends import PER_LAYER_BACKEND
 from swapformer.configuration.configuration_swapformer import ACTIVATIONS
-from swapformer.modeling import hf_compat
-from swapformer.modeling.attention import sdpa_fa_attention_forward
-from swapformer.modeling.sparse import sparse_attention_forward
+from swapformer.modeling.attention.functions import sdpa_fa_attention_forward
+from swapformer.modeling.compat import hf_compat as hf_compat
+from swapformer.modeling.sparse.sparse import sparse_attention_forward
 
 from conftest import MIXED_LAYERS, build, padded_batch, tiny_config
 
 
 def contract(ok: bool, touch_point: str, change: str) -> None:
-    assert ok, f"transformers touch point {touch_point}: {change} (see modeling/hf_compat.py)"
+    assert ok, f"transformers touch point {touch_point}: {change} (see modeling/compat/hf_compat.py)"
 
 
 def parameters(fn) -> list[str]:
@@ -158,7 +158,7 @@ def test_cache_layer_types_are_registered():
 def test_swapformer_writes_the_cache_layer_mappings_in_one_place(monkeypatch):
     """`hf_compat.register_cache_layers` is the only writer: it puts swapformer's classes under its layer
     types (what `DynamicCache(config=...)` then builds) and refuses to replace another's entry."""
-    from swapformer.modeling.cache import GlobalWindowLayer
+    from swapformer.modeling.caches.cache import GlobalWindowLayer
 
     dynamic, static = dict(hf_compat.DYNAMIC_LAYER_TYPE_MAPPING), dict(hf_compat.STATIC_LAYER_TYPE_MAPPING)
     for mapping in (dynamic, static):
@@ -205,7 +205,7 @@ def test_initialization_functions():
 
 
 def test_sliding_window_cache_layer():
-    """The window-of-1 fix (modeling/cache_layers.py: SlidingWindowLayer) subclasses it and reads these."""
+    """The window-of-1 fix (modeling/caches/cache_layers.py: SlidingWindowLayer) subclasses it and reads these."""
     layer_class = hf_compat.DynamicSlidingWindowLayer
     contract(
         issubclass(layer_class, transformers.DynamicLayer), "DynamicSlidingWindowLayer", "not a DynamicLayer"
@@ -217,7 +217,7 @@ def test_sliding_window_cache_layer():
 
 
 def test_sliding_window_layer_counts_tokens_and_records_the_past_for_assisted_decoding():
-    """The croppable window layers of modeling/cache_layers.py and int8_cache.py read `cumulative_length` (every
+    """The croppable window layers of modeling/caches/cache_layers.py and int8_cache.py read `cumulative_length` (every
     token seen) and `record_past` (generate() sets it for assisted decoding: nothing is dropped until
     `crop`), as transformers' own layer keeps them."""
     layer = hf_compat.DynamicSlidingWindowLayer(sliding_window=3)

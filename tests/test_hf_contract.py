@@ -339,7 +339,7 @@ def test_forward_takes_the_parameters_of_its_transformers_counterpart(name):
     (`TransformersKwargs`). The signature is the function's own, not one a decorator wrote."""
     from transformers.utils.generic import TransformersKwargs
 
-    from swapformer.modeling.heads import HeadKwargs
+    from swapformer.modeling.heads.task_heads import HeadKwargs
 
     ours = ALL_CLASSES[name][1].forward
     theirs = getattr(transformers, COUNTERPARTS[name]).forward
@@ -358,8 +358,8 @@ def test_forward_takes_the_parameters_of_its_transformers_counterpart(name):
 def test_encoder_half_names_every_base_input_for_generate():
     """generate() hands an encoder-decoder's encoder only the model keywords its forward names (when it
     has no `**kwargs`): the encoder half names global tokens, packing inputs and output flags."""
-    from swapformer.modeling.heads import BaseModelKwargs
-    from swapformer.modeling.seq2seq_stack import Seq2SeqStack
+    from swapformer.modeling.heads.seq2seq_stack import Seq2SeqStack
+    from swapformer.modeling.heads.task_heads import BaseModelKwargs
 
     names = set(named_parameters(Seq2SeqStack.forward))
     assert BaseModelKwargs.__optional_keys__ | {"global_attention_mask", "attention_mask"} <= names

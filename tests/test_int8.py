@@ -1,5 +1,5 @@
 """INT8: weights through transformers' quantization integrations (torchao on CPU, quanto, bitsandbytes
-on CUDA) and the int8 KV cache (`modeling/int8_cache.py`), each against the fp32 model or cache.
+on CUDA) and the int8 KV cache (`modeling/caches/int8_cache.py`), each against the fp32 model or cache.
 
 Tolerances. Absmax int8 rounding of a vector moves each element by at most half a step, the step
 being max|x| / 127; for Gaussian vectors the rms error is 0.4% of the rms for 8 elements and 0.6% for
@@ -22,7 +22,7 @@ from transformers import DynamicCache
 
 from swapformer.configuration.backends import BACKENDS
 from swapformer.configuration.configuration_swapformer import LAYER_TYPES
-from swapformer.modeling.int8_cache import QMAX, Int8Cache, Int8Rows, int8_cache
+from swapformer.modeling.caches.int8_cache import QMAX, Int8Cache, Int8Rows, int8_cache
 
 from conftest import (
     LM_CLASSES,

@@ -1,11 +1,11 @@
-"""Linformer (config.linformer_k, modeling/linformer.py) against a reference written from the paper's
+"""Linformer (config.linformer_k, modeling/variants/linformer.py) against a reference written from the paper's
 definition (Wang et al. 2020, https://arxiv.org/abs/2006.04768, eq. 7):
 
     head = softmax(Q (E K)^T / sqrt(d)) (F V),  E, F: (k, n)
 
 in plain torch here, from the module's own weights: nothing of swapformer's attention code is used.
 Padded keys and values are zeroed before the projection and a sequence of n_in tokens uses the first
-n_in columns of E and F (the choices modeling/linformer.py documents).
+n_in columns of E and F (the choices modeling/variants/linformer.py documents).
 """
 
 from __future__ import annotations

@@ -89,7 +89,7 @@ def test_seq2seq_encoder_takes_global_projections():
 def test_the_sparse_backend_skips_the_rows_it_would_throw_away(monkeypatch):
     """With global projections the sparse backend gets a layout without its dense global-row pass (those
     rows are replaced); without them it has one."""
-    from swapformer.modeling import lowering as masks_module
+    from swapformer.modeling.attention import lowering as masks_module
 
     layouts = []
     lower_sparse = masks_module.LOWERINGS["sparse"]
@@ -286,7 +286,7 @@ def test_converted_longformer_equals_longformer_at_4096_tokens(hf_class, ours, r
 def test_negative_controls_window_and_global_projections(monkeypatch):
     """The parity above fails with one key more per side, or without the global projections (by over
     100x the tolerance)."""
-    from swapformer.modeling import global_rows
+    from swapformer.modeling.variants import global_rows as global_rows
 
     hf = source(T.LongformerModel, longformer_config())
     batch = long_batch(256)

@@ -1,4 +1,4 @@
-"""Multi-head latent attention (DecoderConfig.kv_lora_rank, modeling/mla.py): transformers' DeepseekV3
+"""Multi-head latent attention (DecoderConfig.kv_lora_rank, modeling/variants/mla.py): transformers' DeepseekV3
 converts to it and back with the same logits and greedy tokens; the cache keeps latents only; the
 absorbed decode equals the decompressed one step by step; backends agree or are refused by the table."""
 
@@ -213,7 +213,7 @@ def test_mla_benchmark_smoke(capsys):
 
 @torch.no_grad()
 def test_static_and_int8_caches_hold_latents_and_generate_the_same_tokens():
-    from swapformer.modeling.int8_cache import Int8Cache
+    from swapformer.modeling.caches.int8_cache import Int8Cache
 
     model = mla_model("sdpa")
     ids, mask = batch()

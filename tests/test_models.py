@@ -19,7 +19,7 @@ from transformers import (
 
 import swapformer
 from swapformer import cpu_linear
-from swapformer.modeling.losses import token_cross_entropy
+from swapformer.modeling.heads.losses import token_cross_entropy
 
 from conftest import ARCHS, BASE_CLASSES, LM_CLASSES, build, max_diff, padded_batch, tiny_config
 
@@ -101,7 +101,7 @@ def test_activation_checkpointing_gives_the_same_gradients(arch, reentrant):
             assert all(
                 layer.gradient_checkpointing
                 for layer in model.modules()
-                if isinstance(layer, swapformer.modeling.layers.Block)
+                if isinstance(layer, swapformer.modeling.core.layers.Block)
             )
         model(**lm_inputs(arch, ids, mask)).loss.backward()
         grads.append({n: p.grad for n, p in model.named_parameters() if p.grad is not None})
@@ -362,7 +362,7 @@ def test_mlp_without_gradients_in_row_chunks_equals_one_pass(mlp_type, act, bias
     whole-sequence intermediate per layer), its projections writing into reused buffers (torch's
     linear route) or called per chunk (the oneDNN route); the result equals one pass. A forward hook
     on a projection turns that off: the hook sees one call with the whole, untouched output."""
-    from swapformer.modeling import layers
+    from swapformer.modeling.core import layers as layers
     from swapformer.modeling.cpu import mlp as chunking
 
     config = tiny_config("encoder", mlp_type=mlp_type, hidden_act=act, mlp_bias=bias)
@@ -387,7 +387,7 @@ def test_mlp_without_gradients_in_row_chunks_equals_one_pass(mlp_type, act, bias
 def test_mlp_row_chunks_call_projections_that_are_not_plain_linears(monkeypatch):
     """The chunked MLP writes a projection's output straight into its buffer only for a plain
     `nn.Linear`; a wrapped or subclassed projection (PEFT, quantization) is called as a module."""
-    from swapformer.modeling import layers
+    from swapformer.modeling.core import layers as layers
     from swapformer.modeling.cpu import mlp as chunking
 
     class Shifted(nn.Linear):

@@ -22,7 +22,7 @@ from transformers import DataCollatorWithFlattening
 
 import swapformer
 from swapformer.configuration.configuration_swapformer import LAYER_TYPES
-from swapformer.modeling import packing as packing_module
+from swapformer.modeling.attention import packing as packing_module
 
 from conftest import BASE_CLASSES, build, exact_sgd_args, max_diff
 from conftest import pattern_config as patterns_config
@@ -155,7 +155,7 @@ def test_negative_control_the_comparison_catches_leakage(arch, attn, monkeypatch
     seqs = sequences()
     alone, unmarked = alone_and_packed(model, seqs, {})
     assert worst(alone, unmarked) > 1e-2
-    monkeypatch.setattr("swapformer.modeling.inputs.find_packed_sequences", lambda **kwargs: None)
+    monkeypatch.setattr("swapformer.modeling.core.inputs.find_packed_sequences", lambda **kwargs: None)
     alone, leaking = alone_and_packed(model, seqs, collate(seqs))
     assert max_diff(alone[0], leaking[0]) > 1e-2
     assert worst(alone, leaking) > 1e-2

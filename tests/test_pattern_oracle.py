@@ -28,8 +28,8 @@ from pattern_oracle import KINDS, PatternSpec, RowLayout, allowed_rows, in_windo
 from test_packing import on_flash, reference_flash  # noqa: F401  (reference_flash is a fixture)
 
 import swapformer
-from swapformer.modeling import attention as attention_module
-from swapformer.modeling import sparse as sparse_module
+from swapformer.modeling.attention import functions as attention_module
+from swapformer.modeling.sparse import sparse as sparse_module
 
 from conftest import SPARSE_CPU_ROUTES, build, tiny_config
 

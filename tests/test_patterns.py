@@ -15,9 +15,9 @@ from transformers import AutoModel
 
 import swapformer
 from swapformer.configuration.configuration_swapformer import LAYER_TYPES
-from swapformer.modeling import lowering as masks_module
-from swapformer.modeling.attention import attention_weights
-from swapformer.modeling.bigbird import random_block_table
+from swapformer.modeling.attention import lowering as masks_module
+from swapformer.modeling.attention.functions import attention_weights
+from swapformer.modeling.sparse.bigbird import random_block_table
 
 from conftest import (
     SPARSE_CPU_ROUTES,
@@ -150,7 +150,7 @@ RANDOM_SCRIPT = textwrap.dedent(
     from conftest import build, padded_batch
     import test_patterns as t
     import swapformer
-    from swapformer.modeling.bigbird import random_block_table
+    from swapformer.modeling.sparse.bigbird import random_block_table
     table = random_block_table(7, 12, 12, 3, causal=False)
     model = build(swapformer.EncoderModel, t.pattern_config("encoder", "bigbird_attention", random_seed=7), attn="sparse")
     ids, mask = padded_batch(length=t.LENGTH)
@@ -405,7 +405,7 @@ def test_sparse_block_chunks_give_the_same_result(layer_type, position, monkeypa
     query rows over as many pieces of the keys); one block per call gives the same result as all
     blocks in one call (the path with gradients), and eager's on the real tokens (GQA with a per-head
     mask under ALiBi: the query heads folded into rows)."""
-    from swapformer.modeling import sparse
+    from swapformer.modeling.sparse import sparse as sparse
 
     config = pattern_config("decoder", layer_type, num_key_value_heads=2, position_embedding_type=position)
     model = build(swapformer.DecoderModel, config, attn="sparse")
@@ -436,7 +436,7 @@ def _layer_pattern(
     """A window + global pattern for one sparse layer: row r has `globals_per_row[r]` global tokens (the
     first real ones), `padding` pads row 1 by 9 tokens; `query_offset` > 0 is a cached chunk, `key_offset`
     a window cache that dropped keys, `slots` empty static-cache slots after the keys."""
-    from swapformer.modeling.masks import AttentionPattern
+    from swapformer.modeling.attention.masks import AttentionPattern
 
     total = query_offset + length
     keys = total - key_offset + slots
@@ -486,8 +486,8 @@ def test_sparse_global_segment_merged_by_logsumexp(causal, padding, kv_heads, gl
     band, outputs (with and without gradients, chunked or not) and gradients, in fp64. Rows without
     any key (causal, left padding) come out 0 on both sparse paths. One global key (1-1, 0-1: the
     second also a row where it is masked) takes the path that skips its softmax and matmul."""
-    from swapformer.modeling import sparse
-    from swapformer.modeling.lowering import lower
+    from swapformer.modeling.attention.lowering import lower
+    from swapformer.modeling.sparse import sparse as sparse
 
     pattern = _layer_pattern(causal, padding, globals_per_row)
     layout = lower(pattern, "sparse", torch.float64)
@@ -548,7 +548,7 @@ def test_sparse_band_mask_template_equals_the_predicate(case, monkeypatch):
     """Blocks where only the window decides share one template band mask; the layout (mask, rows
     without keys) equals evaluating the predicate on every block: padding, global keys and queries,
     cached chunks, window caches that dropped keys, empty static-cache slots, position bias."""
-    from swapformer.modeling import sparse_layout as sparse
+    from swapformer.modeling.sparse import sparse_layout as sparse
 
     options = dict(causal=False, padding="none", globals_per_row=[1, 3]) | case
     pattern = _layer_pattern(**options)

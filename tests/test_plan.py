@@ -1,4 +1,4 @@
-"""The per-forward plan (modeling/plan.py) where it meets activation checkpointing: a recomputed block
+"""The per-forward plan (modeling/core/plan.py) where it meets activation checkpointing: a recomputed block
 must not write the cache a second time."""
 
 import torch

@@ -1,6 +1,6 @@
 """No module but the touch-point ledgers reaches into a dependency beyond its documented public API.
 
-The ledgers (modeling/hf_compat.py for transformers, modeling/torch_compat.py, modeling/accelerate_compat.py)
+The ledgers (modeling/compat/hf_compat.py for transformers, modeling/compat/torch_compat.py, modeling/compat/accelerate_compat.py)
 hold every such name with a contract test (test_hf_compat.py, test_compat.py), so a release that moves one
 fails in one place, naming it. This test reads the source of everything the package ships, and of the
 examples, benchmarks and scripts, and lists each import or attribute that is not public; it fails on
@@ -29,7 +29,11 @@ SCANNED = (
     "benchmarks",
     "scripts",
 )
-LEDGERS = {"modeling/hf_compat.py", "modeling/torch_compat.py", "modeling/accelerate_compat.py"}
+LEDGERS = {
+    "modeling/compat/hf_compat.py",
+    "modeling/compat/torch_compat.py",
+    "modeling/compat/accelerate_compat.py",
+}
 PACKAGES = ("torch", "transformers", "accelerate", "peft", "tokenizers", "evaluate", "huggingface_hub")
 
 # Documented submodules beyond the top level: None = every public name in it, else the names documented.
@@ -130,7 +134,7 @@ def test_private_dependency_names_live_only_in_the_ledgers():
     found = sorted(set(found))
     assert not found, (
         "private names of a dependency used outside the touch-point ledgers (move each into "
-        "modeling/hf_compat.py, torch_compat.py or accelerate_compat.py with a contract test):\n  "
+        "modeling/compat/hf_compat.py, torch_compat.py or accelerate_compat.py with a contract test):\n  "
         + "\n  ".join(found)
     )
 

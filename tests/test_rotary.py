@@ -136,7 +136,7 @@ def test_dynamic_frequencies_follow_transformers_update():
 def test_partial_rotation_is_stablelms():
     """The first int(head_dim * factor) dims rotate in Llama's halves layout, the rest pass unchanged:
     StableLM's split, `apply_rotary_pos_emb` and concatenation."""
-    from swapformer.modeling.positions import apply_rope
+    from swapformer.modeling.core.positions import apply_rope
 
     config = rope_config("decoder", "linear", 0.25, head_dim=16)  # 4 of 16 dims rotate
     rotary = build(swapformer.DecoderModel, config).rotary_emb

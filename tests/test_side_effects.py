@@ -18,8 +18,8 @@ import torch
 from transformers import DynamicCache, StaticCache, StaticSlidingWindowLayer
 
 import swapformer
-from swapformer.modeling.cache import SlidingWindowLayer
-from swapformer.modeling.hf_compat import DynamicSlidingWindowLayer
+from swapformer.modeling.caches.cache import SlidingWindowLayer
+from swapformer.modeling.compat.hf_compat import DynamicSlidingWindowLayer
 
 from conftest import build, max_diff, run_python, tiny_config
 

@@ -1,4 +1,4 @@
-"""Learned attention sinks (`attention_sinks=True`, modeling/sinks.py).
+"""Learned attention sinks (`attention_sinks=True`, modeling/variants/sinks.py).
 
 The reference is transformers' own gpt-oss attention function
 (`transformers.models.gpt_oss.modeling_gpt_oss.eager_attention_forward`, which reads `module.sinks`):
@@ -17,7 +17,7 @@ from transformers.models.gpt_oss.modeling_gpt_oss import eager_attention_forward
 import swapformer
 from swapformer.configuration.backends import BACKENDS
 from swapformer.configuration.configuration_swapformer import LAYER_TYPES
-from swapformer.modeling.attention import eager_attention_forward
+from swapformer.modeling.attention.functions import eager_attention_forward
 
 from conftest import (
     build,
@@ -302,7 +302,9 @@ def test_streaming_positions_in_cache_equal_oracle(backend, learned, monkeypatch
     )
     with torch.no_grad():
         absolute = plain(out.sequences, use_cache=False).logits
-        monkeypatch.setattr("swapformer.modeling.plan.eager_attention_forward", streaming_oracle_attention)
+        monkeypatch.setattr(
+            "swapformer.modeling.core.plan.eager_attention_forward", streaming_oracle_attention
+        )
         expected = oracle(out.sequences, use_cache=False).logits
     got = torch.stack(out.logits, dim=1)  # (1, steps, V): step s predicts token 5 + s
     assert max_diff(got, expected[:, 4 : 4 + steps]) <= 1e-4

@@ -15,10 +15,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import swapformer
-from swapformer.modeling import sparse
+from swapformer.modeling.attention.lowering import lower
+from swapformer.modeling.attention.masks import AttentionPattern
 from swapformer.modeling.cpu import sparse_native
-from swapformer.modeling.lowering import lower
-from swapformer.modeling.masks import AttentionPattern
+from swapformer.modeling.sparse import sparse as sparse
 
 from conftest import (
     SPARSE_CPU_ROUTES,
@@ -140,7 +140,9 @@ def test_native_kernels_serve_exactly_the_documented_calls(monkeypatch):
     or route "torch" take the PyTorch path (which the `calls` counter does not see)."""
     calls = []
     real_attend = sparse_native.attend
-    monkeypatch.setattr(sparse, "sparse_native_attend", lambda *a, **kw: calls.append(1) or real_attend(*a, **kw))
+    monkeypatch.setattr(
+        sparse, "sparse_native_attend", lambda *a, **kw: calls.append(1) or real_attend(*a, **kw)
+    )
     from test_patterns import _layer_pattern
 
     layout = lower(_layer_pattern(False, "right", [2, 3]), "sparse", torch.float32)

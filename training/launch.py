@@ -15,7 +15,7 @@ import pathlib
 import torch
 
 from ..configuration import BACKENDS
-from ..modeling.accelerate_compat import fp8_unavailable, reset_accelerator_state
+from ..modeling.compat.accelerate_compat import fp8_unavailable, reset_accelerator_state
 from .args import TrainArgs, TrainArgumentError, attn_backends
 
 # accelerate launch --use_fsdp / --use_deepspeed (or an `accelerate config` that chose them) set these

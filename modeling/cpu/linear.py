@@ -49,7 +49,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..torch_compat import functorch_active, mkldnn_enabled, module_hooked, onednn_linear
+from ..compat.torch_compat import functorch_active, mkldnn_enabled, module_hooked, onednn_linear
 from .routes import cpu_linear_route
 
 

@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..torch_compat import module_hooked
+from ..compat.torch_compat import module_hooked
 from .linear import onednn_applies, plain_linear
 from .routes import cpu_routes_on, routes_off_reason
 

@@ -20,7 +20,7 @@ import os
 
 import torch
 
-from ..torch_compat import available
+from ..compat.torch_compat import available
 
 ENV = "SWAPFORMER_CPU_ROUTES"
 SWITCH = ("on", "off")

@@ -46,8 +46,8 @@ from pathlib import Path
 
 import torch
 
-from ..sparse_layout import BlockLayout
-from ..torch_compat import functorch_active
+from ..compat.torch_compat import functorch_active
+from ..sparse.sparse_layout import BlockLayout
 from .routes import cpu_routes_on, routes_off_reason
 from .sparse_native_build import (
     ENV,

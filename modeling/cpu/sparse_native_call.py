@@ -9,8 +9,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ..sparse_globals import global_keys_and_values, put_rows, query_rows
-from ..sparse_layout import BlockLayout
+from ..sparse.sparse_globals import global_keys_and_values, put_rows, query_rows
+from ..sparse.sparse_layout import BlockLayout
 
 _VECTOR = 16  # global keys are padded to a multiple of the widest vector (16 floats)
 

@@ -1,0 +1,1 @@
+"""The ledgers of every touch point with transformers, torch and Accelerate beyond their public APIs."""

@@ -1,0 +1,265 @@
+"""The blocks every swapformer architecture is made of: norms, MLP, attention, block.
+
+Shape legend: B batch, T query length, S key length, E hidden size, H query heads, K key/value
+heads, D head dim.
+
+The encoder, the decoder and both halves of the encoder-decoder are the same stack (stack.py) of the
+same `Block`s with two switches: causal self-attention, and cross-attention. The stack makes the
+forward's plan (plan.py); a block's attention projects, rotates, appends to the cache and calls the
+attention function its `LayerPlan` holds, with the mask lowered for it. Variants subclass `Attention`
+in their own modules and are chosen once, when the stack is built (stack.attention_class): streaming
+sinks (sinks.py), Longformer's global projections (global_rows.py), Linformer (linformer.py);
+multi-head latent attention (mla.py) subclasses `AttentionBase`. Learned sinks are a parameter and
+the backend call that folds them in (sinks.run_with_sinks), chosen in `Attention.__init__`.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+from torch import nn
+from transformers import GradientCheckpointingLayer
+
+from ..attention.functions import run_planned
+from ..compat.hf_compat import ACT2FN
+from ..cpu import IN_PLACE, cpu_linear_route, cpu_mlp, project
+from ..variants.sinks import run_with_sinks
+from .positions import apply_rope
+
+if TYPE_CHECKING:
+    from .plan import LayerPlan
+
+# Norms ---------------------------------------------------------------------------------------------
+
+
+class RMSNorm(nn.Module):
+    """Root-mean-square norm (https://arxiv.org/abs/1910.07467), computed in fp32 like Llama and T5."""
+
+    def __init__(self, hidden_size: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(hidden_size))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = x.float()
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * h.to(x.dtype)
+
+    def extra_repr(self) -> str:
+        return f"{self.weight.shape[0]}, eps={self.eps}"
+
+
+def make_norm(config) -> nn.Module:
+    if config.norm_type == "rmsnorm":
+        return RMSNorm(config.hidden_size, config.norm_eps)
+    return nn.LayerNorm(config.hidden_size, eps=config.norm_eps)
+
+
+# MLP -----------------------------------------------------------------------------------------------
+
+
+class MLP(nn.Module):
+    """up -> act -> down, or act(gate) * up -> down when `mlp_type="gated"` (SwiGLU, GeGLU:
+    https://arxiv.org/abs/2002.05202)."""
+
+    def __init__(self, config):
+        super().__init__()
+        e, f, bias = config.hidden_size, config.intermediate_size, config.mlp_bias
+        self.gate_proj = nn.Linear(e, f, bias=bias) if config.mlp_type == "gated" else None
+        self.up_proj = nn.Linear(e, f, bias=bias)
+        self.down_proj = nn.Linear(f, e, bias=bias)
+        self.act_fn = ACT2FN[config.hidden_act]
+        self.act_in_place = IN_PLACE.get(config.hidden_act)  # used by the CPU route without gradients
+        self.dropout = nn.Dropout(config.activation_dropout)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # `compute(x, self.act_fn)`, in row chunks where no gradient is taken (cpu.cpu_mlp)
+        return cpu_mlp(self, x)
+
+    def compute(self, x: torch.Tensor, act) -> torch.Tensor:
+        if self.gate_proj is None:
+            h = act(project(self.up_proj, x))
+        else:
+            h = act(project(self.gate_proj, x)) * project(self.up_proj, x)
+        return project(self.down_proj, self.dropout(h))
+
+
+# Attention -----------------------------------------------------------------------------------------
+
+
+class AttentionBase(nn.Module):
+    """What every attention layer shares: its place, its head counts and the call of the plan's
+    backend function (`attend`). Subclasses make the projections and the forward."""
+
+    def __init__(self, config, layer_idx: int, *, is_causal: bool, layer_type: str, windowed: bool):
+        super().__init__()
+        self.config = config
+        self.layer_idx = layer_idx
+        self.is_causal = is_causal
+        # The layer type picks the backend under a per-layer mapping; cross-attention follows its block.
+        self.layer_type = layer_type
+        self.sliding_window = config.sliding_window if windowed else None
+        self.num_heads = config.num_attention_heads
+        self.num_key_value_heads = config.num_key_value_heads
+        self.num_key_value_groups = self.num_heads // self.num_key_value_heads
+        self.head_dim = config.head_dim
+        self.scaling = config.effective_attention_scale
+        self.attention_dropout = config.attention_dropout
+        self.sinks = None  # gpt-oss's learned sinks (Attention), read by eager's softmax
+        self.call_backend = run_planned  # or, with learned sinks, the kernels' form (sinks.py)
+
+    def attend(self, hidden_states, q, k, v, attention_mask, plan: LayerPlan, output_attentions: bool):
+        """(B, T, H, D) attention output of q (B, H, T, D) over k, v (B, K, S, D), and the weights
+        (B, H, T, S) when asked. `hidden_states` is for the variants that need it (global_rows.py)."""
+        return self.call_backend(
+            self, plan, q, k, v, attention_mask, output_attentions, sliding_window=self.sliding_window
+        )
+
+
+class Attention(AttentionBase):
+    """Multi-head self-attention with MHA/GQA/MQA, optional RoPE and a KV cache."""
+
+    is_cross_attention = False
+
+    def __init__(self, config, layer_idx: int, *, is_causal: bool, layer_type: str = "full_attention"):
+        windowed = layer_type != "full_attention" and not self.is_cross_attention
+        super().__init__(config, layer_idx, is_causal=is_causal, layer_type=layer_type, windowed=windowed)
+        e, d, bias = config.hidden_size, config.head_dim, config.attention_bias
+        self.q_proj = nn.Linear(e, self.num_heads * d, bias=bias)
+        self.k_proj = nn.Linear(e, self.num_key_value_heads * d, bias=bias)
+        self.v_proj = nn.Linear(e, self.num_key_value_heads * d, bias=bias)
+        self.o_proj = nn.Linear(self.num_heads * d, e, bias=bias)
+        if config.attention_sinks and not self.is_cross_attention:
+            # gpt-oss's learned sinks: one logit per query head; kernels take them as one extra key
+            self.sinks = nn.Parameter(torch.zeros(self.num_heads))
+            self.call_backend = run_with_sinks
+
+    def heads(self, proj: nn.Linear, x: torch.Tensor) -> torch.Tensor:
+        """(B, T, E) -> (B, heads, T, D) through `proj`. -1 heads: under tensor parallelism
+        (config.base_model_tp_plan) each rank holds a share of them."""
+        b, t, _ = x.shape
+        return project(proj, x).view(b, t, -1, self.head_dim).transpose(1, 2)
+
+    def project_kv(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.heads(self.k_proj, x), self.heads(self.v_proj, x)  # (B, K, T, D)
+
+    def forward(
+        self,
+        hidden_states: torch.Tensor,
+        attention_mask,
+        *,
+        plan: LayerPlan,
+        output_attentions: bool = False,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """
+        Args:
+            hidden_states: (B, T, E).
+            attention_mask: the mask the plan lowered for this layer type's backend (see Block.forward).
+            plan: this layer type's plan for this forward (plan.py).
+        """
+        b, t, _ = hidden_states.shape
+        q = self.heads(self.q_proj, hidden_states)  # (B, H, T, D)
+        k, v = self.project_kv(hidden_states)  # (B, K, T, D)
+        if plan.rope is not None:
+            q, k = apply_rope(q, *plan.rope), apply_rope(k, *plan.rope)
+        k, v = plan.cache.append(k, v, self.layer_idx)  # (B, K, S, D), the cached keys first
+        out, weights = self.attend(hidden_states, q, k, v, attention_mask, plan, output_attentions)
+        out = project(self.o_proj, out.reshape(b, t, -1))  # (B, T, E)
+        return out, (weights if output_attentions else None)
+
+
+class CrossAttention(Attention):
+    """Attention of the decoder's queries over the encoder's output (kept in the cache once made)."""
+
+    is_cross_attention = True
+
+    def forward(
+        self,
+        hidden_states: torch.Tensor,
+        attention_mask,
+        *,
+        plan: LayerPlan,
+        key_value_states: torch.Tensor,
+        output_attentions: bool = False,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """As `Attention.forward`, keys and values from `key_value_states` (B, S, E), no positions."""
+        b, t, _ = hidden_states.shape
+        q = self.heads(self.q_proj, hidden_states)  # (B, H, T, D)
+        k, v = plan.cache.cross_keys_values(self.layer_idx, lambda: self.project_kv(key_value_states))
+        out, weights = self.attend(hidden_states, q, k, v, attention_mask, plan, output_attentions)
+        out = project(self.o_proj, out.reshape(b, t, -1))  # (B, T, E)
+        return out, (weights if output_attentions else None)
+
+
+# Block ---------------------------------------------------------------------------------------------
+
+
+class Block(GradientCheckpointingLayer):
+    """Self-attention, optional cross-attention, MLP; each a residual branch, pre- or post-norm.
+    `attention` is the self-attention class the stack chose for this layer (stack.attention_class)."""
+
+    def __init__(
+        self,
+        config,
+        layer_idx: int,
+        *,
+        is_causal: bool,
+        cross_attention: bool,
+        layer_type: str = "full_attention",
+        attention: type[AttentionBase] = Attention,
+    ):
+        super().__init__()
+        cpu_linear_route()  # a wrong SWAPFORMER_CPU_LINEAR fails when the model is built
+        self.pre_norm = config.pre_norm
+        self.layer_type = layer_type
+        self.self_attn = attention(config, layer_idx, is_causal=is_causal, layer_type=layer_type)
+        self.self_attn_norm = make_norm(config)
+        self.cross_attn = (
+            CrossAttention(config, layer_idx, is_causal=False, layer_type=layer_type)
+            if cross_attention
+            else None
+        )
+        self.cross_attn_norm = make_norm(config) if cross_attention else None
+        self.mlp = MLP(config)
+        self.mlp_norm = make_norm(config)
+        self.dropout = nn.Dropout(config.hidden_dropout)
+
+    def forward(
+        self,
+        hidden_states: torch.Tensor,
+        attention_mask=None,
+        encoder_hidden_states: torch.Tensor | None = None,
+        encoder_attention_mask=None,
+        *,
+        plan: LayerPlan,
+        cross_plan: LayerPlan | None = None,
+        output_attentions: bool = False,
+    ):
+        """`attention_mask` and `encoder_attention_mask` are the masks the plan lowered for this layer
+        (`ForwardPlan.masks`), as transformers' layers take theirs; positional, because a trained
+        position bias (T5) is in them and reentrant activation checkpointing tracks the gradients of
+        positional tensors only. Pre-norm: h + f(norm(h)); post-norm (BERT): norm(h + f(h))."""
+        h = hidden_states
+        x = self.self_attn_norm(h) if self.pre_norm else h
+        out, self_weights = self.self_attn(x, attention_mask, plan=plan, output_attentions=output_attentions)
+        h = self.add(h, out, self.self_attn_norm)
+        cross_weights = None
+        if self.cross_attn is not None:
+            x = self.cross_attn_norm(h) if self.pre_norm else h
+            out, cross_weights = self.cross_attn(
+                x,
+                encoder_attention_mask,
+                plan=cross_plan,
+                key_value_states=encoder_hidden_states,
+                output_attentions=output_attentions,
+            )
+            h = self.add(h, out, self.cross_attn_norm)
+        x = self.mlp_norm(h) if self.pre_norm else h
+        h = self.add(h, self.mlp(x), self.mlp_norm)
+        return h, self_weights, cross_weights
+
+    def add(self, h: torch.Tensor, branch: torch.Tensor, norm: nn.Module) -> torch.Tensor:
+        """The residual sum, normed after it when post-norm."""
+        h = h + self.dropout(branch)
+        return h if self.pre_norm else norm(h)

@@ -1,0 +1,292 @@
+"""The plan of one forward: every fact about masks, backends, positions and the cache, made once.
+
+Shape legend: B batch, T new tokens, S keys handed to attention, D head dim.
+
+`ForwardPlan.build` runs once per stack forward, after the inputs are checked and their positions
+found (inputs.py) and embedded: it makes one `AttentionPattern` per layer type (and one
+for cross-attention), checks the batch against each backend's capabilities, resolves each backend's
+attention function and lowers each pattern for it. The blocks read their `LayerPlan` and compute
+nothing about masks, backends or cache geometry.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from ...configuration.backends import LAYER_TYPE_PATTERN, PER_LAYER_BACKEND, check_batch_feature
+from ...configuration.configuration_swapformer import GLOBAL_KINDS
+from ..attention.custom_masks import custom_mask_at_keys, refuse_custom_mask_backends
+from ..attention.functions import check_backend_for_batch, eager_attention_forward, lower_mask
+from ..attention.masks import AttentionPattern, KernelMask
+from ..attention.packing import PackedSequences, check_cross_packing
+from ..caches.cache import CacheView
+from ..caches.cache_layers import plan_global_window
+from ..compat.hf_compat import ALL_ATTENTION_FUNCTIONS
+from ..sparse.bigbird import random_blocks
+from ..variants.linformer import LinformerProjections
+from ..variants.streaming import sink_shift
+from .inputs import Positions, new_columns
+
+
+@dataclass(frozen=True)
+class LayerPlan:
+    """How the layers of one layer type attend in this forward (self- or cross-attention).
+
+    Attributes:
+        pattern: which keys each query may see; also read to recompute weights for `output_attentions`
+            and by Longformer's global rows (global_rows.py).
+        backend: the backend that runs these layers, and `attention_fn` its function in transformers'
+            `ALL_ATTENTION_FUNCTIONS` (eager's when none is registered under the name).
+        kernel_kwargs: what the backend's kernel takes beside the mask (flash-attention's varlen
+            boundaries of packed rows). The mask itself is `ForwardPlan.masks[layer_type]`, handed to the
+            blocks as their `attention_mask` argument (layers.Block.forward says why).
+        rope: the (cos, sin) pair (B, T, R) queries and keys are rotated by (the first R of D dims per
+            head; `stack.rotary_emb` made it), or None.
+        cache: the cache the layers append their keys to (cross-attention: keep the encoder's in).
+        linformer: the stack's Linformer projections (linformer.py) when `config.linformer_k` is set; the
+            layers project their keys and values with them, and no mask is lowered (`mask` is None).
+        sink_shift: the rotation of the kept leading keys of a window + global cache to StreamingLLM's
+            positions within the cache (`streaming_positions="cache"`, streaming.py), or None.
+    """
+
+    layer_type: str
+    pattern: AttentionPattern
+    backend: str
+    attention_fn: Callable
+    kernel_kwargs: dict
+    rope: tuple[torch.Tensor, torch.Tensor] | None
+    cache: CacheView
+    linformer: LinformerProjections | None = None
+    sink_shift: tuple[torch.Tensor, torch.Tensor] | None = None  # streaming positions (streaming.py)
+
+    @classmethod
+    def make(
+        cls, layer_type, pattern, lowered_from, backend, dtype, rope, cache, linformer=None, shift=None
+    ) -> tuple[LayerPlan, object]:
+        """The plan of `pattern` on `backend` and its mask, lowered from `lowered_from`: `pattern`, or
+        `pattern` less the rows the layer computes itself (`pattern_for_backend`). With `linformer` the
+        backend attends to projected rows that need no mask, and none is lowered."""
+        mask = None if linformer is not None else lower_mask(lowered_from, backend, dtype)
+        kernel_kwargs = {}
+        if isinstance(mask, KernelMask):
+            mask, kernel_kwargs = mask.mask, mask.kwargs
+        attention_fn = ALL_ATTENTION_FUNCTIONS.get_interface(backend, eager_attention_forward)
+        plan = cls(layer_type, pattern, backend, attention_fn, kernel_kwargs, rope, cache, linformer, shift)
+        return plan, mask
+
+
+@dataclass(frozen=True)
+class ForwardPlan:
+    """One forward of a stack: its positions, the RoPE pair, and per layer type a `LayerPlan` and the
+    lowered mask for self-attention (`layers`, `masks`) and for cross-attention (`cross`,
+    `cross_masks`, empty without encoder states)."""
+
+    positions: Positions
+    rope: tuple[torch.Tensor, torch.Tensor] | None
+    layers: dict[str, LayerPlan]
+    cross: dict[str, LayerPlan]
+    masks: dict[str, object]
+    cross_masks: dict[str, object]
+
+    @classmethod
+    def build(
+        cls,
+        stack,
+        positions: Positions,
+        cache: CacheView,
+        dtype: torch.dtype,
+        *,
+        global_mask: torch.Tensor | None = None,
+        encoder_hidden_states: torch.Tensor | None = None,
+        encoder_attention_mask: torch.Tensor | None = None,
+        encoder_packing: PackedSequences | None = None,
+    ) -> ForwardPlan:
+        """The plan of `stack` (a `StackMixin`) for inputs at `positions` with `cache`; masks and the
+        RoPE pair in `dtype`, the dtype of the embedded inputs."""
+        config = stack.config
+        rotary = stack.rotary_emb
+        rope = rotary(positions.query, dtype) if rotary is not None else None
+        patterns = {
+            lt: self_attention_pattern(stack, lt, positions, cache, global_mask)
+            for lt in dict.fromkeys(stack.layer_types)
+        }
+        backends = layer_backends(config, patterns)
+        if positions.packing is not None or encoder_packing is not None:
+            for backend in sorted(set(backends.values())):
+                check_batch_feature(
+                    backend, "packing", "packed sequences (restarting position_ids, cu_seq_lens_* or seq_idx)"
+                )
+        if positions.custom is not None:
+            refuse_custom_mask_backends(stack, backends.values())
+        for lt, pattern in patterns.items():
+            check_backend_for_batch(backends[lt], pattern.kind, stack, positions.device)
+        linformer = getattr(stack, "linformer", None)
+        streaming = config.streaming_positions == "cache"
+        layers = {
+            lt: LayerPlan.make(
+                lt,
+                p,
+                pattern_for_backend(stack, lt, p),
+                backends[lt],
+                dtype,
+                rope,
+                cache,
+                linformer,
+                sink_shift(p, dtype, rotary) if streaming else None,
+            )
+            for lt, p in patterns.items()
+        }
+        cross = {}
+        if encoder_hidden_states is not None:
+            pattern = cross_attention_pattern(
+                positions, encoder_hidden_states, encoder_attention_mask, encoder_packing
+            )
+            cross = {
+                lt: LayerPlan.make(lt, pattern, pattern, backends[lt], dtype, None, cache) for lt in patterns
+            }
+        (layers, masks), (cross, cross_masks) = _unzip(layers), _unzip(cross)
+        return cls(positions, rope, layers, cross, masks, cross_masks)
+
+
+def layer_backends(config, layer_types) -> dict[str, str]:
+    """{layer type: backend}, read from the config's data (`SwapformerConfig.backend_for` says the same):
+    the backend's name, or the name of the per-layer dispatcher and its mapping."""
+    name = config._attn_implementation_internal or "eager"
+    if name == PER_LAYER_BACKEND:
+        return config._attn_layer_backends
+    return dict.fromkeys(layer_types, name)
+
+
+def _unzip(made: dict[str, tuple[LayerPlan, object]]) -> tuple[dict, dict]:
+    """{layer type: (plan, mask)} -> ({layer type: plan}, {layer type: mask})."""
+    return {lt: plan for lt, (plan, _) in made.items()}, {lt: mask for lt, (_, mask) in made.items()}
+
+
+# Patterns ----------------------------------------------------------------------------------------------
+
+
+def self_attention_pattern(stack, layer_type: str, pos: Positions, cache: CacheView, global_mask):
+    """The self-attention pattern of the layers of `layer_type`, sized by the keys their cache layer
+    hands over. With packed rows (no cache content) key positions restart per sequence, so global
+    tokens are the first `global_tokens` of each sequence."""
+    config = stack.config
+    kind = LAYER_TYPE_PATTERN[layer_type]
+    is_global = global_tokens(config, kind, pos, global_mask)
+    if kind == "sliding_global":
+        indices = [i for i, other in enumerate(stack.layer_types) if other == layer_type]
+        plan_global_window(
+            cache, indices, config.sliding_window, config.global_tokens, is_global, pos.key_valid
+        )
+    keys = cache.key_geometry(stack.layer_types.index(layer_type), pos.length)
+    index = AttentionPattern.keys_at(torch.arange(keys.length, device=pos.device), keys.offset, keys.prefix)
+    valid = select_keys(pos.key_valid, index, False)
+    extra = {}
+    if is_global is not None:
+        extra.update(
+            global_keys=select_keys(is_global, index, False),
+            global_queries=new_columns(is_global, pos.past, pos.length),
+        )
+    if pos.packing is not None:
+        packed = (pos.packing.ids, pos.packing.starts, pos.packing.lengths)
+        extra.update(
+            query_packing=pos.packing,
+            key_packing=PackedSequences(*(select_keys(x, index, -1) for x in packed)),
+        )
+    if kind == "bigbird":
+        extra.update(random_blocks(config, stack.causal, pos, keys))
+    if pos.custom is not None:
+        extra.update(custom_mask=custom_mask_at_keys(pos.custom, index))
+    has_bias = config.position_embedding_type in ("alibi", "relative_bias")
+    return AttentionPattern(
+        kind=kind,
+        causal=stack.causal,
+        batch=pos.batch,
+        query_offset=pos.past,
+        query_length=pos.length,
+        key_offset=keys.offset,
+        key_length=keys.length,
+        key_prefix=keys.prefix,
+        total_length=pos.total,
+        device=pos.device,
+        key_valid=valid if valid is not None and is_padded(valid, pos.total, index) else None,
+        window=config.sliding_window,
+        block_size=config.attention_block_size,
+        bias_fn=stack.pair_bias if has_bias else None,
+        query_pos=pos.query,
+        key_pos=select_keys(pos.keys, index, 0),
+        **extra,
+    )
+
+
+def global_tokens(config, kind: str, pos: Positions, global_mask) -> torch.Tensor | None:
+    """(B, S) tokens that attend to all and that all attend, for the kinds with global tokens: the first
+    `global_tokens` real tokens of each row (or packed sequence) and those `global_mask` marks; never
+    padding. None for the other kinds."""
+    if kind not in ("sliding_global", "bigbird"):
+        return None
+    is_global = pos.keys < config.global_tokens
+    if global_mask is not None:
+        is_global = is_global | global_mask.bool()
+    if pos.key_valid is not None:
+        is_global = is_global & pos.key_valid
+    return is_global
+
+
+def cross_attention_pattern(pos: Positions, encoder_hidden_states, encoder_attention_mask, encoder_packing):
+    """Every decoder query sees every real encoder token (of its own packed sequence, when packed)."""
+    s_enc = encoder_hidden_states.shape[1]
+    enc_valid = encoder_attention_mask.bool() if encoder_attention_mask is not None else None
+    check_cross_packing(pos.packing, encoder_packing, pos.batch)
+    packed = pos.packing is not None
+    return AttentionPattern(
+        kind="full",
+        causal=False,
+        batch=pos.batch,
+        query_offset=pos.past,
+        query_length=pos.length,
+        key_offset=0,
+        key_length=s_enc,
+        total_length=s_enc,
+        device=pos.device,
+        key_valid=enc_valid if enc_valid is not None and is_padded(enc_valid, s_enc) else None,
+        query_packing=pos.packing if packed else None,
+        key_packing=encoder_packing if packed else None,
+    )
+
+
+def pattern_for_backend(stack, layer_type: str, pattern: AttentionPattern) -> AttentionPattern:
+    """The pattern the backend's mask is lowered from: with `global_projections`, the global query
+    rows are left out (their every-key rows would be computed and thrown away), since the layers
+    replace those rows by attention through the global projections (global_rows.py)."""
+    if not stack.config.global_projections or stack.causal or pattern.global_queries is None:
+        return pattern
+    if LAYER_TYPE_PATTERN[layer_type] not in GLOBAL_KINDS:
+        return pattern
+    return dataclasses.replace(pattern, global_queries=None)
+
+
+# Per-token values at the keys ----------------------------------------------------------------------------
+
+
+def select_keys(x: torch.Tensor | None, index: torch.Tensor, fill) -> torch.Tensor | None:
+    """(B, P + T) per-token values -> their values at the keys a cache layer hands to attention,
+    whose absolute indices are `index` (S,); `fill` outside 0..P+T-1 (empty slots of a static cache).
+    Always masked (no data-dependent shortcut), so compiled and exported graphs take the same path."""
+    if x is None:
+        return None
+    picked = x[:, index.clamp(0, x.shape[1] - 1)]
+    return picked.masked_fill((index < 0) | (index >= x.shape[1]), fill)
+
+
+def is_padded(valid: torch.Tensor, total, key_index: torch.Tensor | None = None) -> bool:
+    """Whether the keys `valid` (B, S) at absolute indices `key_index` (default 0..S-1) hold padding
+    below `total`.
+    While compiling (or with a tensor count) the answer would be data-dependent: always True there,
+    i.e. the mask is applied even when it masks nothing, as transformers' mask builders do."""
+    if torch.compiler.is_compiling() or not isinstance(total, int):
+        return True
+    return not bool((valid if key_index is None else valid[:, key_index < total]).all())

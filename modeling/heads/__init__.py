@@ -1,0 +1,1 @@
+"""The three architectures, their task heads, losses and generation."""

@@ -1,0 +1,1 @@
+"""The block-sparse backend: block layouts, global tokens, BigBird random blocks."""
