@@ -165,3 +165,27 @@ def test_the_generated_header_is_never_read_as_an_encoding_declaration():
         namespace = {}
         exec(compile(source.encode(), f"{origin}.py", "exec"), namespace)
         assert namespace["value"] == 1
+
+
+def test_a_folder_saved_by_the_release_before_the_consolidation_still_loads(tmp_path):
+    """tests/data/remote_decoder_v0_1.tar.gz is a decoder folder (RoPE, GQA, a window layer beside a
+    full one, gated MLP) saved with its flat remote code by the release before issue 27 moved the
+    modules into subpackages. It loads with trust_remote_code=True in a Python without swapformer, and
+    gives the logits of the installed swapformer's model loaded from the same folder (the reference)."""
+    import tarfile
+
+    with tarfile.open(os.path.join(os.path.dirname(__file__), "data", "remote_decoder_v0_1.tar.gz")) as tar:
+        tar.extractall(tmp_path, filter="data")
+    folder = tmp_path / "remote_decoder_v0_1"
+    model = swapformer.DecoderForCausalLM.from_pretrained(folder, attn_implementation="sdpa").eval()
+    ids, mask = padded_batch(padding="right", vocab=model.config.vocab_size)
+    with torch.no_grad():
+        logits = model(ids, attention_mask=mask).logits
+    save_file({"ids": ids, "mask": mask, "logits": logits.contiguous()}, tmp_path / "io.safetensors")
+    env = dict(os.environ, HF_MODULES_CACHE=str(tmp_path / "modules"), HF_HUB_OFFLINE="1")
+    env.pop("PYTHONPATH", None)
+    result = run_python(
+        SCRIPT, folder, "AutoModelForCausalLM", "decoder", env=env, tag="REPORT", cwd=tmp_path
+    )
+    assert result["class"].startswith("transformers_modules."), result["class"]
+    assert result["sdpa"] <= 1e-5 and result["eager"] <= 1e-5, result
