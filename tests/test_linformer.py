@@ -12,17 +12,15 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import os
 import sys
 
 import pytest
 import torch
-from safetensors.torch import save_file
-from test_remote_code import SCRIPT
+from test_remote_code import load_without_swapformer
 
 import swapformer
 
-from conftest import build, max_diff, padded_batch, run_python, tiny_config
+from conftest import build, max_diff, padded_batch, tiny_config
 
 TOL = 1e-5
 SHARINGS = ("layerwise", "key_value", "headwise")
@@ -240,13 +238,7 @@ def test_remote_code_loads_without_swapformer(tmp_path):
     folder = tmp_path / "model"
     model.save_pretrained(folder)
     assert (folder / "linformer.py").exists()
-    save_file({"ids": ids, "mask": mask, "logits": logits.contiguous()}, tmp_path / "io.safetensors")
-    env = dict(os.environ, HF_MODULES_CACHE=str(tmp_path / "modules"), HF_HUB_OFFLINE="1")
-    env.pop("PYTHONPATH", None)
-    result = run_python(
-        SCRIPT, folder, "AutoModelForMaskedLM", "encoder", env=env, tag="REPORT", cwd=tmp_path
-    )
-    assert result["class"].startswith("transformers_modules."), result["class"]
+    result = load_without_swapformer(folder, "AutoModelForMaskedLM", "encoder", tmp_path, ids, mask, logits)
     assert result["sdpa"] <= TOL and result["eager"] <= TOL
 
 

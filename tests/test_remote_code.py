@@ -80,6 +80,17 @@ SCRIPT = textwrap.dedent(
 )
 
 
+def load_without_swapformer(folder, auto_name: str, arch: str, tmp_path, ids, mask, logits) -> dict:
+    """Load `folder` with trust_remote_code=True in a fresh Python where swapformer cannot be imported,
+    run `ids`/`mask` on sdpa and eager, and report the largest difference from `logits`."""
+    save_file({"ids": ids, "mask": mask, "logits": logits.contiguous()}, tmp_path / "io.safetensors")
+    env = dict(os.environ, HF_MODULES_CACHE=str(tmp_path / "modules"), HF_HUB_OFFLINE="1")
+    env.pop("PYTHONPATH", None)
+    result = run_python(SCRIPT, folder, auto_name, arch, env=env, tag="REPORT", cwd=tmp_path)
+    assert result["class"].startswith("transformers_modules."), result["class"]
+    return result
+
+
 @pytest.mark.parametrize("arch", list(CASES))
 def test_remote_code_loads_without_swapformer(arch, tmp_path, report):
     model_class, auto_name, options = CASES[arch]
@@ -92,17 +103,13 @@ def test_remote_code_loads_without_swapformer(arch, tmp_path, report):
         logits = model(ids, **kw).logits
     folder = tmp_path / "model"
     model.save_pretrained(folder)
-    save_file({"ids": ids, "mask": mask, "logits": logits.contiguous()}, tmp_path / "io.safetensors")
 
     config = json.loads((folder / "config.json").read_text())
     assert set(config["auto_map"]) == {"AutoConfig", *model_class.auto_classes}
     for target in config["auto_map"].values():
         assert (folder / (target.split(".")[0] + ".py")).exists()
 
-    env = dict(os.environ, HF_MODULES_CACHE=str(tmp_path / "modules"), HF_HUB_OFFLINE="1")
-    env.pop("PYTHONPATH", None)
-    result = run_python(SCRIPT, folder, auto_name, arch, env=env, tag="REPORT", cwd=tmp_path)
-    assert result["class"].startswith("transformers_modules."), result["class"]
+    result = load_without_swapformer(folder, auto_name, arch, tmp_path, ids, mask, logits)
     report(f"{arch} remote sdpa logits max abs diff", result["sdpa"])
     report(f"{arch} remote eager logits max abs diff", result["eager"])
     assert result["sdpa"] <= 1e-5 and result["eager"] <= 1e-5
@@ -181,11 +188,5 @@ def test_a_folder_saved_by_the_release_before_the_consolidation_still_loads(tmp_
     ids, mask = padded_batch(padding="right", vocab=model.config.vocab_size)
     with torch.no_grad():
         logits = model(ids, attention_mask=mask).logits
-    save_file({"ids": ids, "mask": mask, "logits": logits.contiguous()}, tmp_path / "io.safetensors")
-    env = dict(os.environ, HF_MODULES_CACHE=str(tmp_path / "modules"), HF_HUB_OFFLINE="1")
-    env.pop("PYTHONPATH", None)
-    result = run_python(
-        SCRIPT, folder, "AutoModelForCausalLM", "decoder", env=env, tag="REPORT", cwd=tmp_path
-    )
-    assert result["class"].startswith("transformers_modules."), result["class"]
+    result = load_without_swapformer(folder, "AutoModelForCausalLM", "decoder", tmp_path, ids, mask, logits)
     assert result["sdpa"] <= 1e-5 and result["eager"] <= 1e-5, result
