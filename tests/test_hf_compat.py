@@ -241,6 +241,28 @@ def test_sliding_window_layer_counts_tokens_and_records_the_past_for_assisted_de
     )
 
 
+def test_every_swapformer_cache_layer_records_the_past_with_the_keywords_generate_passes():
+    """Assisted decoding calls `cache.activate_past_recording(...)`, and the cache passes its keywords on
+    to every layer (transformers 5.25 added `recurrent_states_to_keep`); swapformer's layers of each
+    kind (dynamic, int8; full, window, window + globals) take them and start recording."""
+    from swapformer.modeling.caches.cache import dynamic_cache
+    from swapformer.modeling.caches.int8_cache import int8_cache
+
+    takes = inspect.signature(transformers.Cache.activate_past_recording).parameters
+    keywords = {"recurrent_states_to_keep": 2} if any(p.kind is p.VAR_KEYWORD for p in takes.values()) else {}
+    layer_types = ["full_attention", "sliding_attention", "sliding_global_attention"]
+    config = tiny_config("decoder", num_hidden_layers=3, layer_types=layer_types, sliding_window=4)
+    for cache in (dynamic_cache(config), int8_cache(config)):
+        cache.activate_past_recording(**keywords)
+        for layer in cache.layers:
+            if hasattr(layer, "activate_past_recording"):
+                contract(
+                    layer.record_past is True,
+                    f"Cache.activate_past_recording -> {type(layer).__name__}",
+                    f"did not record with {keywords}",
+                )
+
+
 # Hooks swapformer overrides on transformers' base classes --------------------------------------------
 
 

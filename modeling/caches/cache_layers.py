@@ -108,8 +108,10 @@ class GlobalWindowLayer(DynamicLayer, StoredRows):
         self.keep: int | None = None  # leading tokens that must stay; None: keep everything
         self.record_past = False
 
-    def activate_past_recording(self) -> None:
-        """Keep every token until the next `crop` (transformers calls this for assisted decoding)."""
+    def activate_past_recording(self, **kwargs) -> None:
+        """Keep every token until the next `crop` (transformers calls this for assisted decoding). Keywords
+        are for other layer kinds (transformers 5.25 passes `recurrent_states_to_keep`, which concerns
+        recurrent states; this layer holds keys and values only)."""
         self.record_past = True
 
     def plan(self, window: int, keep: int | None, layer_idx: int) -> None:

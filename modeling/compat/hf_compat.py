@@ -26,7 +26,9 @@ Hooks swapformer overrides or reads on transformers' base classes (contract-test
     PreTrainedModel.get_correct_attn_implementation, set_attn_implementation,
     mark_tied_weights_as_initialized, create_masks_for_generate; GenerationMixin.
     _prepare_cache_for_generation (decoding_weights.py: the cache generate() builds gets swapformer's
-    layer objects, cache.fresh_cache); PreTrainedConfig._attn_implementation_internal,
+    layer objects, cache.fresh_cache); Cache.activate_past_recording, which passes its keywords on to
+    each layer (the window layers in caches/cache_layers.py take any keyword);
+    PreTrainedConfig._attn_implementation_internal,
     _remove_keys_not_serialized and its
     `validate_layer_type` class validator (configuration/configuration_swapformer.py; configuration
     imports no torch, so those are not imported from here).
