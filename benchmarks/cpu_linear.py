@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from measure import BERT_BASE, POST_NORM, interleaved, machine
 
 import swapformer
-from swapformer.modeling.cpu.linear import linear
+from swapformer.modeling.cpu.routes import linear
 from swapformer.modeling.cpu.weight_copies import DecodingWeights
 
 SHAPES = {  # (in, out)

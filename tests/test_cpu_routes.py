@@ -16,7 +16,7 @@ import pytest
 import torch
 
 import swapformer
-from swapformer.modeling.cpu import linear, mlp, routes, weight_copies
+from swapformer.modeling.cpu import mlp, routes, weight_copies
 from swapformer.modeling.cpu.weight_copies import DecodingWeights
 from swapformer.modeling.sparse import sparse as sparse
 
@@ -45,7 +45,7 @@ def watch_routes(monkeypatch, forbid: bool) -> dict[str, int]:
 
         return call
 
-    monkeypatch.setattr(linear, "onednn_linear", watched("onednn linear", linear.onednn_linear))
+    monkeypatch.setattr(routes, "onednn_linear", watched("onednn linear", routes.onednn_linear))
     monkeypatch.setattr(mlp, "_in_chunks", watched("MLP chunks", mlp._in_chunks))
     monkeypatch.setattr(
         weight_copies, "input_major_copy", watched("decoding copies", weight_copies.input_major_copy)

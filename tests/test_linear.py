@@ -12,8 +12,7 @@ from torch import nn
 import swapformer
 from swapformer.modeling.cpu import mlp as mlp_module
 from swapformer.modeling.cpu import routes as routes_module
-from swapformer.modeling.cpu.linear import project
-from swapformer.modeling.cpu.routes import cpu_linear, cpu_linear_route
+from swapformer.modeling.cpu.routes import cpu_linear, cpu_linear_route, project
 from swapformer.modeling.cpu.weight_copies import DecodingWeights, input_major_copy
 
 from conftest import build, max_diff, route_env_fixture, tiny_config

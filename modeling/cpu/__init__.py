@@ -3,7 +3,7 @@
 The model classes hold plain torch modules and call this package at four places only, each of which
 is the plain torch expression wherever its route does not apply:
 - `project(module, x)`: every projection and head; oneDNN's linear op for a plain `nn.Linear` in fp32 CPU
-  inference (linear.py), else `module(x)`, so PEFT's, quantizers' and hooked layers run as themselves;
+  inference where the linear route is on (routes.py, linear.py), else `module(x)`, so PEFT's, quantizers' and hooked layers run as themselves;
 - `cpu_mlp(mlp, x)`: the MLP; row chunks with an in-place activation without gradients (mlp.py), else
   `mlp.compute(x, mlp.act_fn)`;
 - `copies_for_generate(model, args, kwargs)`: around generate(); input-major copies of the decoding
@@ -18,7 +18,6 @@ route, whether it is in force and why (`in_force`).
 
 from __future__ import annotations
 
-from .linear import project
 from .mlp import IN_PLACE, chunking_in_force, cpu_mlp
 from .routes import (
     cpu_linear,
@@ -26,6 +25,7 @@ from .routes import (
     cpu_routes,
     cpu_routes_on,
     linear_route_in_force,
+    project,
     routes_off_reason,
 )
 from .sparse_native import applies as sparse_native_applies

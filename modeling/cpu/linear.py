@@ -1,4 +1,7 @@
-"""The CPU linear route: fp32 CPU inference of swapformer's projections on oneDNN, through `project`.
+"""The CPU linear route: when fp32 CPU inference of swapformer's projections may run on oneDNN.
+
+`project` and `linear`, the calls the layers make, are in routes.py beside the route's switch, which
+they check first: where the route is "torch" (the default on Intel), a call reads nothing here.
 
 Every projection and head of a swapformer model is a plain `nn.Linear`, so libraries that check module
 types (PEFT's GLoRA, quantizers, pruning and export tools test `type(m) is nn.Linear`) see what they see
@@ -46,11 +49,9 @@ Outputs differ from MKL's by rounding only (another summation order: about 1e-6 
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
-from ..compat.torch_compat import functorch_active, mkldnn_enabled, module_hooked, onednn_linear
-from .routes import cpu_linear_route
+from ..compat.torch_compat import functorch_active, mkldnn_enabled, module_hooked
 
 
 def _plain_fp32(t: torch.Tensor | None) -> bool:
@@ -60,7 +61,8 @@ def _plain_fp32(t: torch.Tensor | None) -> bool:
 
 
 def onednn_applies(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> bool:
-    """Whether `F.linear(x, weight, bias)` may run on oneDNN's op here (see the module docstring)."""
+    """Whether `F.linear(x, weight, bias)` may run on oneDNN's op here, the route's switch aside
+    (routes.py checks it first: see the module docstring)."""
     if not (type(x) is torch.Tensor and x.dtype == torch.float32 and x.device.type == "cpu"):
         return False
     if not (_plain_fp32(weight) and _plain_fp32(bias)):
@@ -75,33 +77,16 @@ def onednn_applies(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | N
         x.requires_grad or weight.requires_grad or (bias is not None and bias.requires_grad)
     ):
         return False
-    if (
+    return not (
         torch.is_autocast_enabled("cpu")
         or torch.compiler.is_compiling()
         or torch.jit.is_tracing()
         or functorch_active()
         or not mkldnn_enabled()
-    ):
-        return False
-    return cpu_linear_route() == "onednn"
-
-
-def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """`F.linear`, on oneDNN where the route applies."""
-    if onednn_applies(x, weight, bias):
-        return onednn_linear(x, weight, bias)
-    return F.linear(x, weight, bias)
+    )
 
 
 def plain_linear(module: nn.Module) -> bool:
     """Whether `module(x)` is `F.linear(x, module.weight, module.bias)` and nothing else: exactly
     `nn.Linear`, no forward hook or pre-hook to fire, `forward` not replaced on the instance."""
     return type(module) is nn.Linear and "forward" not in module.__dict__ and not module_hooked(module)
-
-
-def project(module: nn.Module, x: torch.Tensor) -> torch.Tensor:
-    """`module(x)`, on oneDNN where the route applies (module docstring): the one seam through which
-    swapformer's layers call their projections and heads."""
-    if plain_linear(module) and onednn_applies(x, module.weight, module.bias):
-        return onednn_linear(x, module.weight, module.bias)
-    return module(x)

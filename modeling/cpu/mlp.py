@@ -11,8 +11,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..compat.torch_compat import module_hooked
-from .linear import onednn_applies, plain_linear
-from .routes import cpu_routes_on, routes_off_reason
+from .linear import plain_linear
+from .routes import cpu_routes_on, onednn_in_force, routes_off_reason
 
 # In-place forms of activations whose output may overwrite their input when no gradient is taken.
 IN_PLACE = {
@@ -57,7 +57,7 @@ def _in_chunks(mlp: nn.Module, x: torch.Tensor, projections: list[nn.Module], ac
         return mlp.compute(x, act)
     step = -(-rows // chunks)
     flat = x.reshape(rows, x.shape[-1])
-    if _writable(projections, x) and not onednn_applies(flat, mlp.up_proj.weight, mlp.up_proj.bias):
+    if _writable(projections, x) and not onednn_in_force(flat, mlp.up_proj.weight, mlp.up_proj.bias):
         out = _chunks_into_buffers(mlp, flat, step, act)
     else:
         # a wrapped or quantized projection, or the oneDNN route (whose op takes no output buffer;

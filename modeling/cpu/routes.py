@@ -19,8 +19,11 @@ import contextvars
 import os
 
 import torch
+import torch.nn.functional as F
+from torch import nn
 
-from ..compat.torch_compat import available
+from ..compat.torch_compat import available, onednn_linear
+from .linear import onednn_applies, plain_linear
 
 ENV = "SWAPFORMER_CPU_ROUTES"
 SWITCH = ("on", "off")
@@ -188,3 +191,31 @@ def cpu_linear(route: str):
         yield
     finally:
         _chosen.reset(token)
+
+
+# The seam of the linear route ----------------------------------------------------------------------------
+
+
+def onednn_in_force(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> bool:
+    """Whether `F.linear(x, weight, bias)` runs on oneDNN: the route is "onednn" (checked first, so
+    where it is "torch" nothing else is read) and it applies to this call (linear.py)."""
+    return cpu_linear_route() == "onednn" and onednn_applies(x, weight, bias)
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """`F.linear`, on oneDNN where the route is in force."""
+    if onednn_in_force(x, weight, bias):
+        return onednn_linear(x, weight, bias)
+    return F.linear(x, weight, bias)
+
+
+def project(module: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """`module(x)`, on oneDNN where the route is in force for a plain `nn.Linear` (linear.py): the one
+    seam through which swapformer's layers call their projections and heads."""
+    if (
+        cpu_linear_route() == "onednn"
+        and plain_linear(module)
+        and onednn_applies(x, module.weight, module.bias)
+    ):
+        return onednn_linear(x, module.weight, module.bias)
+    return module(x)
