@@ -12,12 +12,19 @@ is on. matplotlib is imported when a picture is drawn, bertviz never (the helper
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 
 import torch
 
-DEFAULT_MAX_TOKENS = 64  # longer inputs are block-averaged down to at most this many rows and columns
+from .visualize_draw import (  # noqa: F401  block_average and block_labels are public here
+    DEFAULT_MAX_TOKENS,
+    block_average,
+    block_labels,
+    chunked,
+    draw_grid,
+    grid_columns,
+    token_labels,
+)
 
 
 def _encode(
@@ -55,14 +62,18 @@ def _run(model, inputs: dict):
 
 def attention_maps(model, tokenizer, text: str, *, decoder_text: str | None = None):
     """(maps, tokens): the self-attention probabilities of every layer on `text`, a list of (H, T, T)
-    float tensors (query rows, key columns) on the CPU, and the T token labels. An encoder-decoder shows
-    its encoder's self-attention."""
-    inputs, tokens, _ = _encode(model, tokenizer, text, decoder_text)
+    float tensors (query rows, key columns) on the CPU, and the T token labels (`token_labels`: each
+    token as the tokenizer decodes it). An encoder-decoder shows its encoder's self-attention."""
+    inputs, _, _ = _encode(model, tokenizer, text, decoder_text)
     out = _run(model, inputs)
     maps = out.encoder_attentions if model.config.is_encoder_decoder else out.attentions
-    if maps is None or any(m is None for m in maps):
-        raise ValueError(f"{type(model).__name__} returned no attention maps with output_attentions=True")
-    return [m[0].float().cpu() for m in maps], tokens
+    if not maps or any(m is None for m in maps):
+        backend = getattr(model.config, "_attn_implementation", None)
+        raise ValueError(
+            f"{type(model).__name__} returned no attention maps on {backend!r} with output_attentions=True; "
+            "load it with attn_implementation='eager' (swapformer attention --backend eager)"
+        )
+    return [m[0].float().cpu() for m in maps], token_labels(tokenizer, inputs["input_ids"][0].tolist())
 
 
 def bertviz_inputs(model, tokenizer, text: str, *, decoder_text: str | None = None) -> dict:
@@ -81,41 +92,6 @@ def bertviz_inputs(model, tokenizer, text: str, *, decoder_text: str | None = No
         "encoder_tokens": tokens,
         "decoder_tokens": decoder_tokens,
     }
-
-
-def block_average(matrix: torch.Tensor, max_tokens: int = DEFAULT_MAX_TOKENS) -> tuple[torch.Tensor, int]:
-    """(averaged, block): `matrix` (..., T, S) with each `block` x `block` square replaced by its mean,
-    the smallest block that leaves at most `max_tokens` rows and columns (1: unchanged). The last block
-    of a side may be shorter; it is averaged over the cells it has. Cells that were all zero stay 0."""
-    if max_tokens < 1:
-        raise ValueError(f"max_tokens must be >= 1, got {max_tokens}")
-    t, s = matrix.shape[-2:]
-    block = max(1, math.ceil(max(t, s) / max_tokens))
-    if block == 1:
-        return matrix, 1
-    rows, cols = math.ceil(t / block), math.ceil(s / block)
-    padded = torch.nn.functional.pad(matrix, (0, cols * block - s, 0, rows * block - t))
-    sums = padded.unflatten(-2, (rows, block)).unflatten(-1, (cols, block)).sum(dim=(-3, -1))
-    counts = torch.ones(t, s).to(matrix.dtype)
-    counts = torch.nn.functional.pad(counts, (0, cols * block - s, 0, rows * block - t))
-    counts = counts.unflatten(-2, (rows, block)).unflatten(-1, (cols, block)).sum(dim=(-3, -1))
-    return sums / counts, block
-
-
-def block_labels(tokens: Sequence[str] | int, block: int) -> list[str]:
-    """One label per block: the token itself, or "i-j first..last" for a block of several. An int
-    `tokens` stands for that many positions, labelled by their indices ("i-j" for a block)."""
-    if isinstance(tokens, int):
-        return [
-            str(i) if block == 1 else f"{i}-{min(i + block, tokens) - 1}" for i in range(0, tokens, block)
-        ]
-    if block == 1:
-        return list(tokens)
-    labels = []
-    for start in range(0, len(tokens), block):
-        stop = min(start + block, len(tokens)) - 1
-        labels.append(f"{start}-{stop} {tokens[start]}..{tokens[stop]}")
-    return labels
 
 
 def _pick(name: str, chosen, count: int) -> list[int]:
@@ -141,54 +117,25 @@ def plot_attention(
     decoder_text: str | None = None,
 ):
     """A matplotlib Figure with one heatmap per (layer, head): rows are queries, columns keys, both
-    labelled with the tokens. `layers`: an index or list (default all); `heads`: None averages the
-    heads (one panel per layer), "all" shows every head, or an index or list. Inputs longer than
-    `max_tokens` are block-averaged, and the block size is in the title."""
+    labelled with the tokens as the tokenizer decodes them. `layers`: an index or list (default all);
+    `heads`: None averages the heads (one panel per layer), "all" shows every head, or an index or list.
+    A layer's heads form a grid (12 heads: 3 rows of 4) at most 1920 px wide at 120 dpi, with one colour
+    scale for all panels. Inputs longer than `max_tokens` are block-averaged, and the block size is in
+    the title."""
     maps, tokens = attention_maps(model, tokenizer, text, decoder_text=decoder_text)
     layer_ids = _pick("layers", layers, len(maps))
     n_heads = maps[0].shape[0]
     head_ids = None if heads is None else _pick("heads", None if heads == "all" else heads, n_heads)
-    panels = []  # (title, matrix)
-    for layer in layer_ids:
-        if head_ids is None:
-            panels.append([(f"layer {layer}, mean of {n_heads} heads", maps[layer].mean(0))])
-        else:
-            panels.append([(f"layer {layer}, head {h}", maps[layer][h]) for h in head_ids])
-    return _grid(
-        panels, tokens, tokens, max_tokens, cmap="viridis", title=f"{type(model).__name__}: attention"
-    )
-
-
-def _grid(panels, row_tokens, col_tokens, max_tokens, *, cmap, title, tick_every=None):
-    import matplotlib
-
-    matplotlib.use("Agg", force=False)
-    from matplotlib.figure import Figure
-
-    n_rows, n_cols = len(panels), max(len(row) for row in panels)
-    width = col_tokens if isinstance(col_tokens, int) else len(col_tokens)
-    side = min(9.0, 2.5 + 0.12 * min(width, max_tokens))
-    fig = Figure(figsize=(side * n_cols, side * n_rows), layout="constrained")
-    axes = fig.subplots(n_rows, n_cols, squeeze=False)
-    block = 1
-    for r, row in enumerate(panels):
-        for c in range(n_cols):
-            ax = axes[r][c]
-            if c >= len(row):
-                ax.set_axis_off()
-                continue
-            name, matrix = row[c]
-            shown, block = block_average(matrix, max_tokens)
-            ax.imshow(shown.numpy(), cmap=cmap, vmin=0.0, interpolation="nearest", aspect="auto")
-            ax.set_title(name if block == 1 else f"{name} (blocks of {block} tokens)", fontsize=9)
-            ys, xs = block_labels(row_tokens, block), block_labels(col_tokens, block)
-            every = tick_every or 1
-            ax.set_yticks(range(0, len(ys), every), ys[::every], fontsize=6)
-            ax.set_xticks(range(0, len(xs), every), xs[::every], fontsize=6, rotation=90)
-            ax.set_xlabel("key")
-            ax.set_ylabel("query")
-    fig.suptitle(title if block == 1 else f"{title} (block-averaged: {block} tokens per cell)")
-    return fig
+    if head_ids is None:  # one panel per layer, all in one grid
+        means = [(f"layer {layer}, mean of {n_heads} heads", maps[layer].mean(0)) for layer in layer_ids]
+        rows = chunked(means, grid_columns(len(means)))
+    else:  # each layer's heads in a grid of their own rows
+        rows = []
+        for layer in layer_ids:
+            panels = [(f"layer {layer}, head {h}", maps[layer][h]) for h in head_ids]
+            rows += chunked(panels, grid_columns(len(head_ids)))
+    title = f"{type(model).__name__}: attention"
+    return draw_grid(rows, tokens, tokens, max_tokens, cmap="viridis", title=title, scale="attention weight")
 
 
 def _probe_model(config, types: list[str]):
@@ -276,6 +223,6 @@ def plot_pattern(
     flat = sum(panels, [])
     panels = [flat[i : i + 2] for i in range(0, len(flat), 2)]  # two layer types per row
     title = f"{config.model_type}: {seq_len} tokens"
-    return _grid(
+    return draw_grid(
         panels, seq_len, seq_len, max_tokens, cmap="Greys_r", title=title, tick_every=-(-shown // 16)
     )
