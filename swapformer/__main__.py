@@ -3,6 +3,6 @@ works)."""
 
 import sys
 
-from .cli import main
+from swapformer_command import main
 
 sys.exit(main())

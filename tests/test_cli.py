@@ -16,6 +16,7 @@ import pytest
 import transformers as T
 
 import swapformer
+import swapformer_command
 from swapformer import cli
 
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": "", "PYTHONUNBUFFERED": "1"}
@@ -173,7 +174,7 @@ def test_an_unexpected_failure_is_one_line_with_exit_code_1(monkeypatch, capsys)
     def broken(args):
         raise RuntimeError("something\nbroke")
 
-    monkeypatch.setattr(cli, "_backends", broken)
+    monkeypatch.setattr(swapformer_command, "print_backends", broken)
     assert cli.main(["backends"]) == 1
     err = capsys.readouterr().err
     assert (
