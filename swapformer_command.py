@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import sys
 from importlib.metadata import version
+from pathlib import Path
 
 DESCRIPTION = "The `swapformer` command line."
 # name -> (module with add_subcommand(subparsers), or "module:function", and the line `swapformer --help` shows)
@@ -67,6 +68,36 @@ def chosen(argv: list[str]) -> str | None:
     return None
 
 
+# `swapformer train` refuses an output folder that holds a finished run unless --overwrite or --resume is given
+# (training/preflight.py: check_output_dir). Running the command again is how most people meet that refusal,
+# so the launcher gives it before the package import (seconds of torch and transformers); whatever it cannot
+# be sure of goes to the full command. tests/cli/test_fast_rerun.py holds the two to the same words.
+TRAIN_OUTPUT_DIR = "swapformer-model"  # TrainArgs.output_dir's default
+TRAIN_RUN_FILE = "training_args.json"  # training/checkpointing.py: RUN_FILE
+# flags that change the answer; argparse also takes any unambiguous abbreviation of them
+TRAIN_DECIDING = ("--overwrite", "--resume", "--help", "--output-dir")
+
+
+def finished_run_refusal(words: list[str]) -> str | None:
+    """The error `swapformer train WORDS` stops with because its output folder holds a finished run, or None."""
+    folder = TRAIN_OUTPUT_DIR
+    for i, word in enumerate(words):
+        name, has_value, value = word.partition("=")
+        if name == "--output-dir" and (has_value or i + 1 < len(words)):
+            folder = value if has_value else words[i + 1]
+        elif name == "-h" or (
+            name.startswith("--") and any(flag.startswith(name) for flag in TRAIN_DECIDING)
+        ):
+            return None  # --overwrite, --resume, --help, an abbreviation, or --output-dir without a value
+    out = Path(folder)
+    if (out / TRAIN_RUN_FILE).is_file() and (out / "config.json").is_file():
+        return (
+            f"--output-dir {str(out)!r} already holds a run ({TRAIN_RUN_FILE}); pass --overwrite to replace it "
+            "or --resume to continue it"
+        )
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if chosen(argv) is None:  # help, version or a usage error: argparse answers and exits
@@ -77,6 +108,10 @@ def main(argv: list[str] | None = None) -> int:
             parser.parse_known_args(argv)
         except SystemExit as e:
             return e.code if isinstance(e.code, int) else 0 if e.code is None else 2
+    refusal = finished_run_refusal(argv[argv.index("train") + 1 :]) if chosen(argv) == "train" else None
+    if refusal:
+        print(f"swapformer train: error: {refusal}", file=sys.stderr)
+        return 2
     from swapformer.cli import main as run
 
     return run(argv)
