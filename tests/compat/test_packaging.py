@@ -19,16 +19,9 @@ from pathlib import Path
 
 import pytest
 
+from conftest import PACKAGES
+
 ROOT = Path(__file__).resolve().parents[2]
-# folder of the checkout -> where its files lie in the wheel (pyproject.toml's package-dir)
-PACKAGE_DIRS = {
-    "swapformer": "swapformer",
-    "configuration": "swapformer/configuration",
-    "modeling": "swapformer/modeling",
-    "conversion": "swapformer/conversion",
-    "training": "swapformer/training",
-    "hub_cards": "swapformer/hub_cards",
-}
 
 
 def checkout_files() -> list[str]:
@@ -104,7 +97,7 @@ def missing_from(folder: Path) -> list[str]:
     expected = {"swapformer_command.py"}
     for name in checkout_files():
         package_folder, _, rest = name.partition("/")
-        if package_folder in PACKAGE_DIRS and rest:
-            expected.add(f"{PACKAGE_DIRS[package_folder]}/{rest}")
+        if package_folder in PACKAGES and rest:
+            expected.add(f"{PACKAGES[package_folder].replace('.', '/')}/{rest}")
     assert any(name.endswith(".cpp") for name in expected)
     return sorted(expected - set(zipfile.ZipFile(wheel).namelist()))
