@@ -27,6 +27,7 @@ import sys
 import traceback
 import types
 from importlib.metadata import version
+from pathlib import Path
 
 DESCRIPTION = "The `swapformer` command line."
 # name -> (module with add_subcommand(subparsers), or "module:function", and the line `swapformer --help` shows)
@@ -117,6 +118,36 @@ def build_parser(chosen: str | None = None) -> argparse.ArgumentParser:
     return parser
 
 
+# `swapformer train` refuses an output folder that holds a finished run unless --overwrite or --resume is given
+# (training/preflight.py: check_output_dir). Running the command again is how most people meet that refusal,
+# so the launcher gives it before the package import (seconds of torch and transformers); whatever it cannot
+# be sure of goes to the full command. tests/cli/test_fast_rerun.py holds the two to the same words.
+TRAIN_OUTPUT_DIR = "swapformer-model"  # TrainArgs.output_dir's default
+TRAIN_RUN_FILE = "training_args.json"  # training/checkpointing.py: RUN_FILE
+# flags that change the answer; argparse also takes any unambiguous abbreviation of them
+TRAIN_DECIDING = ("--overwrite", "--resume", "--help", "--output-dir")
+
+
+def finished_run_refusal(words: list[str]) -> str | None:
+    """The error `swapformer train WORDS` stops with because its output folder holds a finished run, or None."""
+    folder = TRAIN_OUTPUT_DIR
+    for i, word in enumerate(words):
+        name, has_value, value = word.partition("=")
+        if name == "--output-dir" and (has_value or i + 1 < len(words)):
+            folder = value if has_value else words[i + 1]
+        elif name == "-h" or (
+            name.startswith("--") and any(flag.startswith(name) for flag in TRAIN_DECIDING)
+        ):
+            return None  # --overwrite, --resume, --help, an abbreviation, or --output-dir without a value
+    out = Path(folder)
+    if (out / TRAIN_RUN_FILE).is_file() and (out / "config.json").is_file():
+        return (
+            f"--output-dir {str(out)!r} already holds a run ({TRAIN_RUN_FILE}); pass --overwrite to replace it "
+            "or --resume to continue it"
+        )
+    return None
+
+
 def run(argv: list[str] | None = None) -> int:
     """Run the command line `argv` in this process (as `swapformer.cli.main`), under the error contract."""
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -161,6 +192,10 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if "--debug" not in argv:
         quiet_third_party_imports()
+    refusal = finished_run_refusal(argv[argv.index("train") + 1 :]) if chosen(argv) == "train" else None
+    if refusal:
+        print(f"swapformer train: error: {refusal}", file=sys.stderr)
+        return 2
     try:
         code = run(argv)
         sys.stdout.flush()  # a closed pipe shows here, not in the interpreter's last flush

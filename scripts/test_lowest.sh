@@ -8,11 +8,15 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV="${SWAPFORMER_LOWEST_VENV:-.venv-lowest}"
+source scripts/install_once.sh
+install_steps() {  # the constraints come from pyproject.toml alone, which the stamp covers
+    "$VENV/bin/python" -m pip install -q --upgrade pip
+    "$VENV/bin/python" scripts/lowest_versions.py > "$VENV/lowest-versions.txt"
+    "$VENV/bin/python" -m pip install -q -c "$VENV/lowest-versions.txt" "${TORCH_SPEC:-torch==2.13.0}"
+    "$VENV/bin/python" -m pip install -q -c "$VENV/lowest-versions.txt" -e . "pytest>=8" "hypothesis>=6"
+}
 [ -x "$VENV/bin/python" ] || python3 -m venv "$VENV"
-"$VENV/bin/python" -m pip install -q --upgrade pip
-"$VENV/bin/python" scripts/lowest_versions.py > "$VENV/lowest-versions.txt"
-"$VENV/bin/python" -m pip install -q -c "$VENV/lowest-versions.txt" "${TORCH_SPEC:-torch==2.13.0}"
-"$VENV/bin/python" -m pip install -q -c "$VENV/lowest-versions.txt" -e . "pytest>=8" "hypothesis>=6"
+install_once "$VENV" lowest install_steps  # only when the environment does not match the checkout
 "$VENV/bin/python" scripts/lowest_versions.py --check
 "$VENV/bin/python" -m pytest -q -p no:cacheprovider \
     tests/test_compat.py tests/test_hf_compat.py tests/test_env.py \

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Set up (or reuse) the repository's virtual environment, install swapformer, and run
+# Set up (or reuse) the repository's virtual environment, install swapformer (again only when pyproject.toml,
+# TORCH_SPEC or the checkout's place changed: scripts/install_once.sh), and run
 # `swapformer train` in the current folder with the arguments given (none: the default run, a tiny
 # decoder pretrained on the Python standard library, written to ./swapformer-model).
 # torch is installed first and pinned so pip takes the CPU wheel instead of resolving a multi-GB
@@ -7,8 +8,12 @@
 set -euo pipefail
 REPO="$(cd "$(dirname "$0")/.." && pwd)"
 VENV="${SWAPFORMER_VENV:-$REPO/.venv}"
+source "$REPO/scripts/install_once.sh"
+install_steps() {
+    "$VENV/bin/python" -m pip install -q --upgrade pip
+    "$VENV/bin/python" -m pip install -q "${TORCH_SPEC:-torch==2.13.0}"
+    "$VENV/bin/python" -m pip install -q -e "$REPO"
+}
 [ -x "$VENV/bin/python" ] || python3 -m venv "$VENV"
-"$VENV/bin/python" -m pip install -q --upgrade pip
-"$VENV/bin/python" -m pip install -q "${TORCH_SPEC:-torch==2.13.0}"
-"$VENV/bin/python" -m pip install -q -e "$REPO"
+install_once "$VENV" train install_steps  # only when the environment does not match the checkout
 exec "$VENV/bin/swapformer" train "$@"

@@ -29,6 +29,15 @@ TINY_SIZE = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, int
 # The size of the tiny transformers models that parity and conversion tests start from (Llama, StableLM,
 # BERT, Longformer); each test adds its vocabulary, positions and head layout.
 HF_SIZE = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=96)
+# folder of the checkout -> the package it installs as (pyproject.toml's package-dir)
+PACKAGES = {
+    "swapformer": "swapformer",
+    "configuration": "swapformer.configuration",
+    "modeling": "swapformer.modeling",
+    "conversion": "swapformer.conversion",
+    "training": "swapformer.training",
+    "hub_cards": "swapformer.hub_cards",
+}
 
 
 def tiny_config(arch: str, **overrides):

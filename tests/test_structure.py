@@ -7,16 +7,9 @@ import ast
 import subprocess
 from pathlib import Path
 
+from conftest import PACKAGES
+
 ROOT = Path(__file__).resolve().parents[1]
-# folder -> the package it installs as (pyproject.toml's package-dir)
-PACKAGES = {
-    "swapformer": "swapformer",
-    "configuration": "swapformer.configuration",
-    "modeling": "swapformer.modeling",
-    "conversion": "swapformer.conversion",
-    "training": "swapformer.training",
-    "hub_cards": "swapformer.hub_cards",
-}
 MAX_LINES = 310  # "about 300"
 
 
