@@ -198,7 +198,10 @@ def cpu_linear(route: str):
 
 def onednn_in_force(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> bool:
     """Whether `F.linear(x, weight, bias)` runs on oneDNN: the route is "onednn" (checked first, so
-    where it is "torch" nothing else is read) and it applies to this call (linear.py)."""
+    where it is "torch" nothing else is read) and it applies to this call (linear.py). Never while
+    compiling (asked first: the switch's context variable is not traceable)."""
+    if torch.compiler.is_compiling():
+        return False
     return cpu_linear_route() == "onednn" and onednn_applies(x, weight, bias)
 
 
@@ -213,7 +216,8 @@ def project(module: nn.Module, x: torch.Tensor) -> torch.Tensor:
     """`module(x)`, on oneDNN where the route is in force for a plain `nn.Linear` (linear.py): the one
     seam through which swapformer's layers call their projections and heads."""
     if (
-        cpu_linear_route() == "onednn"
+        not torch.compiler.is_compiling()  # first: the switch's context variable is not traceable
+        and cpu_linear_route() == "onednn"
         and plain_linear(module)
         and onednn_applies(x, module.weight, module.bias)
     ):
