@@ -25,9 +25,10 @@ def installed(caps: Capabilities) -> bool:
     return not caps.needs or importlib.util.find_spec(caps.needs) is not None
 
 
-def capable(has: Callable[[Capabilities], bool], device: str | None = None) -> list[str]:
-    """The backends whose row satisfies `has` and that run here (on `device`, when given), in table order."""
-    devices = {device} if device else devices_here()
+def capable(has: Callable[[Capabilities], bool], device: str | None = None, devices=None) -> list[str]:
+    """The backends whose row satisfies `has` and that run here, in table order: on `device` or one of
+    `devices` (where a model's weights are), when given."""
+    devices = {device} if device else devices or devices_here()
     return [n for n, c in BACKENDS.items() if has(c) and installed(c) and devices & set(c.devices)]
 
 
@@ -56,10 +57,12 @@ def serves(caps: Capabilities, config) -> bool:
     return patterns <= set(caps.patterns) and all(getattr(caps, f) for f in needs)
 
 
-def stand_ins(offered: Callable[[Capabilities], bool], config=None) -> list[str]:
-    """The backends `offered` selects that run here and serve `config`; when none does (the rows offered
-    are CUDA's and this machine has none), every backend that runs here and serves it."""
-    return capable(lambda c: offered(c) and serves(c, config)) or capable(lambda c: serves(c, config))
+def stand_ins(offered: Callable[[Capabilities], bool], config=None, devices=None) -> list[str]:
+    """The backends `offered` selects that run here (on `devices`, when given) and serve `config`; when
+    none does (the rows offered are CUDA's and there is none), every backend that runs there and serves it."""
+    return capable(lambda c: offered(c) and serves(c, config), devices=devices) or capable(
+        lambda c: serves(c, config), devices=devices
+    )
 
 
 def replacements(backend: str, config, device: str) -> list[str]:

@@ -37,12 +37,12 @@ def has_feature(caps: Capabilities, feature: str) -> bool:
     return bool(getattr(caps, feature))
 
 
-def check_backend_name(name, where: str = "", config=None) -> str:
+def check_backend_name(name, where: str = "", config=None, devices=None) -> str:
     """Return `name` if swapformer runs it, else raise a ValueError that says what to use here.
 
     Worded as transformers' own models word it (`PreTrainedModel.get_correct_attn_implementation`,
     same type, same opening), followed by the names of swapformer's backends that run on this machine
-    (and compute `config`'s model, when given); `where` ends it (which mapping entry)."""
+    (on `devices`, and compute `config`'s model, when given); `where` ends it (which mapping entry)."""
     if name in BACKENDS or name == PER_LAYER_BACKEND:
         return name
     opening = f"Specified `attn_implementation={_quoted(name)}` is not supported"
@@ -51,10 +51,10 @@ def check_backend_name(name, where: str = "", config=None) -> str:
         refusal = HUB_KERNEL
     if refusal is not None:
         reason, offered = refusal
-        raise ValueError(f"{opening}: {reason}; use {_names(stand_ins(offered, config))}{where}")
+        raise ValueError(f"{opening}: {reason}; use {_names(stand_ins(offered, config, devices))}{where}")
     names = ", ".join(
         f"`{_quoted(n)}`" if i else f"`attn_implementation={_quoted(n)}`"
-        for i, n in enumerate(stand_ins(lambda c: True, config))
+        for i, n in enumerate(stand_ins(lambda c: True, config, devices))
     )
     raise ValueError(
         f"{opening}. The only possible arguments are {names} (those that run on this machine; `swapformer "
@@ -87,9 +87,9 @@ def check_layer_backends(mapping: dict, layer_types: list[str] | None) -> dict:
     return dict(mapping)
 
 
-def check_backend_for_config(name: str, config) -> None:
+def check_backend_for_config(name: str, config, devices=None) -> None:
     """Raise if backend `name` (or each backend of a per-layer mapping) cannot compute `config`'s model."""
-    check_backend_name(name, config=config)
+    check_backend_name(name, config=config, devices=devices)
     layer_types = dict.fromkeys(config._all_layer_types())
     if name == PER_LAYER_BACKEND:
         pairs = [(t, config._attn_layer_backends[t]) for t in layer_types]
@@ -98,9 +98,11 @@ def check_backend_for_config(name: str, config) -> None:
     needs = [feature for feature, needed in model_needs(config).items() if needed]
     for layer_type, backend in pairs:
         pattern = LAYER_TYPE_PATTERN[layer_type]
-        require(backend, f"pattern:{pattern}", f"{pattern!r} attention ({layer_type} layers)")
+        require(
+            backend, f"pattern:{pattern}", f"{pattern!r} attention ({layer_type} layers)", devices=devices
+        )
         for feature in needs:
-            require(backend, feature, _described(backend, feature))
+            require(backend, feature, _described(backend, feature), devices=devices)
 
 
 def _described(backend: str, feature: str) -> str:
@@ -116,11 +118,13 @@ def check_batch_feature(backend: str, feature: str, description: str) -> None:
     require(backend, feature, description, needed_by="this batch")
 
 
-def require(backend: str, feature: str, description: str, needed_by: str = "this model") -> None:
+def require(
+    backend: str, feature: str, description: str, needed_by: str = "this model", devices=None
+) -> None:
     """Raise the table's refusal when `backend`'s row lacks `feature` (see `has_feature`), naming every
     backend whose row has it and that runs on this machine."""
     if not has_feature(BACKENDS[backend], feature):
-        alternatives = capable(lambda c: has_feature(c, feature))
+        alternatives = capable(lambda c: has_feature(c, feature), devices=devices)
         raise ValueError(
             f"attn_implementation={backend!r} does not support {description}, which {needed_by} needs; "
             f"use one of {', '.join(map(repr, alternatives))}"
@@ -131,9 +135,10 @@ def check_backend_available(name: str, config, *, cuda: bool, weight_devices: se
     """Checks made when a model is put on backend `name` (each backend of a mapping): `config`'s needs,
     the optional package, a device it runs on, the device of the weights (`weight_devices`, empty while
     the model is being built, as transformers skips it then). The torch facts come from the caller."""
-    check_backend_for_config(name, config)
-    backends = sorted(set(config._attn_layer_backends.values())) if name == PER_LAYER_BACKEND else [name]
     available = {"cpu", "cuda"} if cuda else {"cpu"}
+    target = weight_devices or available  # where the model runs: its weights', or anywhere here while built
+    check_backend_for_config(name, config, target)
+    backends = sorted(set(config._attn_layer_backends.values())) if name == PER_LAYER_BACKEND else [name]
     for backend in backends:
         caps = BACKENDS[backend]
         # the device first: on a machine without one, installing the package would not help
@@ -143,7 +148,7 @@ def check_backend_available(name: str, config, *, cuda: bool, weight_devices: se
                 f"{_devices(caps.devices)} device is available; use {_names(replacements(backend, config, 'cpu'))}"
             )
         if not _installed(caps):
-            where = next(d for d in caps.devices if d in available)
+            where = next((d for d in caps.devices if d in target), min(target))
             raise ValueError(
                 f"attn_implementation={backend!r} needs the {caps.needs} package, which is not installed: "
                 f"{caps.install}, or use {_names(replacements(backend, config, where))}"

@@ -12,7 +12,7 @@ from torch import nn
 from transformers import PreTrainedModel
 from transformers.utils import logging
 
-from ...configuration.backends import PER_LAYER_BACKEND, check_backend_name, check_layer_backends
+from ...configuration.backends import PER_LAYER_BACKEND, check_layer_backends
 from ...configuration.configuration_swapformer import SwapformerConfig
 from ..attention.functions import check_backend_for_model
 from ..caches.cache import static_key_slots
@@ -55,7 +55,7 @@ class SwapformerPreTrainedModel(PreTrainedModel):
         """transformers' step before `get_correct_attn_implementation`; it loads an "org/name" Hub kernel
         without asking that hook, so swapformer refuses such a name here first, with what runs here."""
         if isinstance(attn_implementation, str) and "/" in attn_implementation:
-            check_backend_name(attn_implementation, config=self.config)
+            check_backend_for_model(attn_implementation, self, is_init_check=is_init_check)
         return super()._check_and_adjust_attn_implementation(
             attn_implementation, is_init_check=is_init_check, allow_all_kernels=allow_all_kernels
         )

@@ -5,6 +5,8 @@ table, each name transformers knows that swapformer refuses, Hub kernel names, a
 for models that need different rows (plain, ALiBi, learned sinks). Where the choice is refused, every
 backend the message names instead must pass the same choice on the same model, here. On a machine
 without CUDA that rules out `sdpa_fa` and `flash_attention_2`; without flash-attn, `flash_attention_2`.
+The choice test runs again as on a CUDA machine (torch.cuda.is_available answering yes) with the model's
+weights on the CPU, where the CUDA rows are no answer either.
 """
 
 from __future__ import annotations
@@ -44,9 +46,18 @@ def chosen(model, name: str) -> str | None:
     return None
 
 
+@pytest.fixture(params=["this machine", "CUDA, weights on the CPU"])
+def machine(request, monkeypatch):
+    if request.param != "this machine":
+        if torch.cuda.is_available():
+            pytest.skip("this machine has CUDA: the case runs as it is")
+        monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    return request.param
+
+
 @pytest.mark.parametrize("needs", MODELS)
 @pytest.mark.parametrize("name", NAMES)
-def test_every_backend_a_choice_refusal_suggests_runs_here(name, needs):
+def test_every_backend_a_choice_refusal_suggests_runs_here(name, needs, machine):
     model = build(swapformer.DecoderForCausalLM, tiny_config("decoder", **MODELS[needs]))
     message = chosen(model, name)
     if message is None:
