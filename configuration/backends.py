@@ -13,14 +13,14 @@ of the weights, installed kernels) live in `modeling/attention/functions.py`.
 
 from __future__ import annotations
 
-import importlib.util
-from collections.abc import Callable
-
+from .availability import capable, model_needs, replacements, stand_ins
+from .availability import installed as _installed
 from .capability_markdown import capability_table_markdown
 from .capability_table import (
     BACKENDS,
     DESCRIPTIONS,
     FEATURES,
+    HUB_KERNEL,
     LAYER_TYPE_PATTERN,
     PATTERNS,
     PER_LAYER_BACKEND,
@@ -30,11 +30,6 @@ from .capability_table import (
 )
 
 
-def capable(has: Callable[[Capabilities], bool], device: str | None = None) -> list[str]:
-    """The backends whose row satisfies `has` (and that run on `device`, when given), in table order."""
-    return [n for n, c in BACKENDS.items() if has(c) and (device is None or device in c.devices)]
-
-
 def has_feature(caps: Capabilities, feature: str) -> bool:
     """A yes/no column of the table, or `pattern:<kind>` for one pattern kind."""
     if feature.startswith("pattern:"):
@@ -42,22 +37,28 @@ def has_feature(caps: Capabilities, feature: str) -> bool:
     return bool(getattr(caps, feature))
 
 
-def check_backend_name(name, where: str = "") -> str:
-    """Return `name` if swapformer runs it, else raise a ValueError that says what to use.
+def check_backend_name(name, where: str = "", config=None, devices=None) -> str:
+    """Return `name` if swapformer runs it, else raise a ValueError that says what to use here.
 
     Worded as transformers' own models word it (`PreTrainedModel.get_correct_attn_implementation`,
-    same type, same opening), followed by swapformer's names; `where` ends it (which mapping entry)."""
+    same type, same opening), followed by the names of swapformer's backends that run on this machine
+    (on `devices`, and compute `config`'s model, when given); `where` ends it (which mapping entry)."""
     if name in BACKENDS or name == PER_LAYER_BACKEND:
         return name
     opening = f"Specified `attn_implementation={_quoted(name)}` is not supported"
-    if name in UNSUPPORTED:
-        reason, offered = UNSUPPORTED[name]
-        raise ValueError(f"{opening}: {reason}; use {_names(capable(offered))}{where}")
+    refusal = UNSUPPORTED.get(name) if isinstance(name, str) else None
+    if refusal is None and isinstance(name, str) and "/" in name:
+        refusal = HUB_KERNEL
+    if refusal is not None:
+        reason, offered = refusal
+        raise ValueError(f"{opening}: {reason}; use {_names(stand_ins(offered, config, devices))}{where}")
     names = ", ".join(
-        f"`{_quoted(n)}`" if i else f"`attn_implementation={_quoted(n)}`" for i, n in enumerate(BACKENDS)
+        f"`{_quoted(n)}`" if i else f"`attn_implementation={_quoted(n)}`"
+        for i, n in enumerate(stand_ins(lambda c: True, config, devices))
     )
     raise ValueError(
-        f"{opening}. The only possible arguments are {names}, or a {{layer type: backend}} mapping such as "
+        f"{opening}. The only possible arguments are {names} (those that run on this machine; `swapformer "
+        f"backends` shows what the others need), or a {{layer type: backend}} mapping such as "
         f'{{"full_attention": "sdpa", "sliding_attention": "sparse"}}.{where}'
     )
 
@@ -86,25 +87,9 @@ def check_layer_backends(mapping: dict, layer_types: list[str] | None) -> dict:
     return dict(mapping)
 
 
-def model_needs(config) -> dict[str, bool]:
-    """The yes/no features of the table a model of `config` needs, whatever the batch."""
-    encoder_decoder = bool(getattr(config, "is_encoder_decoder", False))
-    causal = bool(getattr(config, "causal", False))
-    return {
-        "gqa": config.num_key_value_heads != config.num_attention_heads,
-        "latent_attention": getattr(config, "kv_lora_rank", None) is not None,
-        "position_bias": config.position_embedding_type in ("alibi", "relative_bias"),
-        "causal": causal,
-        "sinks": bool(getattr(config, "attention_sinks", False)),
-        "bidirectional": not causal or encoder_decoder,
-        "cross_attention": encoder_decoder,
-        "linformer": getattr(config, "linformer_k", None) is not None,
-    }
-
-
-def check_backend_for_config(name: str, config) -> None:
+def check_backend_for_config(name: str, config, devices=None) -> None:
     """Raise if backend `name` (or each backend of a per-layer mapping) cannot compute `config`'s model."""
-    check_backend_name(name)
+    check_backend_name(name, config=config, devices=devices)
     layer_types = dict.fromkeys(config._all_layer_types())
     if name == PER_LAYER_BACKEND:
         pairs = [(t, config._attn_layer_backends[t]) for t in layer_types]
@@ -113,9 +98,11 @@ def check_backend_for_config(name: str, config) -> None:
     needs = [feature for feature, needed in model_needs(config).items() if needed]
     for layer_type, backend in pairs:
         pattern = LAYER_TYPE_PATTERN[layer_type]
-        require(backend, f"pattern:{pattern}", f"{pattern!r} attention ({layer_type} layers)")
+        require(
+            backend, f"pattern:{pattern}", f"{pattern!r} attention ({layer_type} layers)", devices=devices
+        )
         for feature in needs:
-            require(backend, feature, _described(backend, feature))
+            require(backend, feature, _described(backend, feature), devices=devices)
 
 
 def _described(backend: str, feature: str) -> str:
@@ -131,11 +118,13 @@ def check_batch_feature(backend: str, feature: str, description: str) -> None:
     require(backend, feature, description, needed_by="this batch")
 
 
-def require(backend: str, feature: str, description: str, needed_by: str = "this model") -> None:
+def require(
+    backend: str, feature: str, description: str, needed_by: str = "this model", devices=None
+) -> None:
     """Raise the table's refusal when `backend`'s row lacks `feature` (see `has_feature`), naming every
-    backend whose row has it."""
+    backend whose row has it and that runs on this machine."""
     if not has_feature(BACKENDS[backend], feature):
-        alternatives = capable(lambda c: has_feature(c, feature))
+        alternatives = capable(lambda c: has_feature(c, feature), devices=devices)
         raise ValueError(
             f"attn_implementation={backend!r} does not support {description}, which {needed_by} needs; "
             f"use one of {', '.join(map(repr, alternatives))}"
@@ -146,22 +135,23 @@ def check_backend_available(name: str, config, *, cuda: bool, weight_devices: se
     """Checks made when a model is put on backend `name` (each backend of a mapping): `config`'s needs,
     the optional package, a device it runs on, the device of the weights (`weight_devices`, empty while
     the model is being built, as transformers skips it then). The torch facts come from the caller."""
-    check_backend_for_config(name, config)
-    backends = sorted(set(config._attn_layer_backends.values())) if name == PER_LAYER_BACKEND else [name]
     available = {"cpu", "cuda"} if cuda else {"cpu"}
+    target = weight_devices or available  # where the model runs: its weights', or anywhere here while built
+    check_backend_for_config(name, config, target)
+    backends = sorted(set(config._attn_layer_backends.values())) if name == PER_LAYER_BACKEND else [name]
     for backend in backends:
         caps = BACKENDS[backend]
-        if not _installed(caps):
-            where = next((d for d in caps.devices if d in available), caps.devices[0])
-            raise ValueError(
-                f"attn_implementation={backend!r} needs the {caps.needs} package, which is not installed: "
-                f"{caps.install} on a {_devices(caps.devices)} machine, or use "
-                f"{_names(replacements(backend, config, where))}"
-            )
+        # the device first: on a machine without one, installing the package would not help
         if not available & set(caps.devices):
             raise ValueError(
                 f"attn_implementation={backend!r} runs on {_devices(caps.devices)} only and no "
                 f"{_devices(caps.devices)} device is available; use {_names(replacements(backend, config, 'cpu'))}"
+            )
+        if not _installed(caps):
+            where = next((d for d in caps.devices if d in target), min(target))
+            raise ValueError(
+                f"attn_implementation={backend!r} needs the {caps.needs} package, which is not installed: "
+                f"{caps.install}, or use {_names(replacements(backend, config, where))}"
             )
         for device in sorted(weight_devices - set(caps.devices)):
             raise ValueError(
@@ -169,33 +159,6 @@ def check_backend_available(name: str, config, *, cuda: bool, weight_devices: se
                 f"{', '.join(caps.devices)}); move the model first or use "
                 f"{_names(replacements(backend, config, device))}"
             )
-
-
-def replacements(backend: str, config, device: str) -> list[str]:
-    """Backends that can stand in for `backend` on `device`: installed, computing `config`'s model there
-    forward and backward. Those made for the same devices as `backend` come first, then table order."""
-
-    def fits(name: str) -> bool:
-        caps = BACKENDS[name]
-        if (
-            name == backend
-            or not _installed(caps)
-            or device not in caps.devices
-            or device not in caps.backward
-        ):
-            return False
-        try:
-            check_backend_for_config(name, config)
-        except ValueError:
-            return False
-        return True
-
-    same = [n for n in BACKENDS if fits(n) and BACKENDS[n].devices == BACKENDS[backend].devices]
-    return same + [n for n in BACKENDS if fits(n) and n not in same]
-
-
-def _installed(caps: Capabilities) -> bool:
-    return not caps.needs or importlib.util.find_spec(caps.needs) is not None
 
 
 def _devices(devices: tuple[str, ...]) -> str:
@@ -278,6 +241,7 @@ __all__ = [
     "capability_table_markdown",
     "runs_everything",
     "capable",
+    "stand_ins",
     "check_backend_available",
     "check_backend_for_config",
     "check_backend_for_forward",

@@ -154,12 +154,18 @@ def runs_everything(caps: Capabilities) -> bool:
     return caps.patterns == PATTERNS and all(getattr(caps, f) is not False for f in FEATURES)
 
 
-# Names transformers knows that swapformer does not run: why, and which rows to offer instead.
+# Names transformers knows that swapformer does not run: why, and which rows to offer instead (those of
+# them that run on the machine; every row that does when none of them runs there: availability.stand_ins).
 UNSUPPORTED = {
     "flash_attention_3": ("FlashAttention 3 is not wired into swapformer", lambda c: c.devices == ("cuda",)),
     "flash_attention_4": ("FlashAttention 4 is not wired into swapformer", lambda c: c.devices == ("cuda",)),
     "paged|eager": ("paged attention is not supported", runs_everything),
 }
+# Any "org/name" (transformers loads such a name as an attention kernel from the Hub, `kernels` package).
+HUB_KERNEL = (
+    "attention kernels from the Hub are not wired into swapformer",
+    lambda c: c.devices == ("cuda",),
+)
 
 
 # How a refusal names a feature, where its column name is not enough.

@@ -5,8 +5,9 @@
   never replaced. A card swapformer generated (it carries `GENERATED_MARK`) is refreshed, keeping its
   metadata about data and results.
 - `push_model(model, repo_id, ...)`: what `model.push_to_hub` and `save_pretrained(push_to_hub=True)`
-  do: save into a temporary folder, keep the repository's own card if a user wrote it, run
-  `preflight`, and upload everything in one commit.
+  do: save into a temporary folder and run `preflight` before the Hub hears of it, then read the
+  repository's card (kept if a user wrote it, and checked), and only then create the repository and
+  upload everything in one commit. With the Hub switched off (HF_HUB_OFFLINE) it stops at once.
 - `CardTrainerMixin`: a Trainer class built with it (`class CardTrainer(CardTrainerMixin, Trainer)`)
   uploads swapformer's card from `push_to_hub` (Trainer's training summary kept as a section of it),
   after the same preflight. transformers' own `Trainer` is left as it is: a plain Trainer uploads
@@ -79,8 +80,8 @@ def uploaded_files(folder, ignore=()) -> list[str]:
 
 
 def preflight(folder, auto_class: str, *, ignore=()) -> None:
-    problems = []
     files = uploaded_files(folder, ignore)
+    problems = _card_problems(folder, files)
     for rel in files:
         parts = rel.split("/")
         if any(fnmatch.fnmatch(part, p) for part in parts[:-1] for p in RESUME_FOLDERS) or any(
@@ -89,12 +90,6 @@ def preflight(folder, auto_class: str, *, ignore=()) -> None:
             problems.append(
                 f"{rel} is training state for resuming (optimizer, scheduler, RNG or a checkpoint)"
             )
-    if "README.md" in files:
-        try:
-            card = ModelCard.load(os.path.join(folder, "README.md"))
-            ModelCardData(**card.data.to_dict())
-        except Exception as e:  # huggingface_hub raises several kinds for malformed metadata
-            problems.append(f"README.md metadata does not parse as a model card ({e})")
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
     run = subprocess.run(
         [sys.executable, "-c", _CLEAN_LOAD, os.fspath(folder), auto_class],
@@ -108,8 +103,38 @@ def preflight(folder, auto_class: str, *, ignore=()) -> None:
         problems.append(
             f"the folder does not load with {auto_class}.from_pretrained(..., trust_remote_code=True) without swapformer: {tail}"
         )
+    _refuse(folder, problems)
+
+
+def _card_problems(folder, files) -> list[str]:
+    if "README.md" not in files:
+        return []
+    try:
+        card = ModelCard.load(os.path.join(folder, "README.md"))
+        ModelCardData(**card.data.to_dict())
+    except Exception as e:  # huggingface_hub raises several kinds for malformed metadata
+        return [f"README.md metadata does not parse as a model card ({e})"]
+    return []
+
+
+def _refuse(folder, problems: list[str]) -> None:
     if problems:
         raise PublishError(f"not uploaded: {folder} failed its preflight: " + "; ".join(problems))
+
+
+def refuse_offline(call: str) -> None:
+    """Stop an upload at once when huggingface_hub is switched off, naming the variable that did it."""
+    from huggingface_hub import is_offline_mode
+    from huggingface_hub.errors import OfflineModeIsEnabled
+
+    if is_offline_mode():
+        name = next(
+            (v for v in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE") if os.environ.get(v)), "HF_HUB_OFFLINE"
+        )
+        raise OfflineModeIsEnabled(
+            f"{call} needs the Hub, and {name}={os.environ.get(name, '1')} turns it off: nothing was sent. To "
+            f"upload, unset {name} (or set it to 0); to keep the model on disk, save_pretrained(folder) needs no Hub"
+        )
 
 
 # Uploads ---------------------------------------------------------------------------------------------
@@ -142,14 +167,18 @@ def push_model(
     tags=None,
 ):
     """`model.push_to_hub`: one commit with the saved folder and swapformer's card (or the repository's
-    own card, when a user wrote it, with `tags` added), after `preflight`."""
+    own card, when a user wrote it, with `tags` added). The Hub is only read until the folder passed
+    `preflight` and the card to upload is checked; then the repository is created and the commit made."""
     from huggingface_hub import CommitOperationAdd, HfApi
 
+    refuse_offline(f"push_to_hub({repo_id!r})")
     api = HfApi(token=token)
-    repo_id = api.create_repo(repo_id, private=private, exist_ok=True).repo_id
-    remote = _remote_card(api, repo_id, revision, token)
     with tempfile.TemporaryDirectory() as tmp:
         model.save_pretrained(tmp, max_shard_size=max_shard_size)
+        preflight(tmp, auto_class_of(model))  # the folder as saved, with swapformer's card
+        if "/" not in repo_id:  # where create_repo will put it: the token owner's namespace
+            repo_id = f"{api.whoami()['name']}/{repo_id}"
+        remote = _remote_card(api, repo_id, revision, token)
         readme = os.path.join(tmp, "README.md")
         if remote is not None and not is_generated(remote.content):
             remote.data.tags = list(dict.fromkeys([*(remote.data.tags or []), *(tags or [])]))
@@ -159,7 +188,8 @@ def push_model(
             card_for(
                 model, repo_id=repo_id, with_tokenizer=with_tokenizer, tags=tags or (), carried=remote
             ).save(readme)
-        preflight(tmp, auto_class_of(model))
+        _refuse(tmp, _card_problems(tmp, ["README.md"]))  # the card that goes up, now from the Hub's
+        api.create_repo(repo_id, private=private, exist_ok=True)
         operations = [
             CommitOperationAdd(path_in_repo=rel, path_or_fileobj=os.path.join(tmp, rel))
             for rel in uploaded_files(tmp)
@@ -184,7 +214,28 @@ class CardTrainerMixin:
     before uploading the output folder: Trainer's card is written, then replaced by swapformer's card
     with Trainer's summary as its training section (a card the user wrote, in the folder or on the Hub,
     is kept, with Trainer's tags added), and the folder must pass `preflight`, or nothing is uploaded.
-    Other models (a PEFT wrapper, whose card is PEFT's, included) keep Trainer's card."""
+    Other models (a PEFT wrapper, whose card is PEFT's, included) keep Trainer's card. The repository is
+    created there too, once the preflight passed, not when Trainer asks for it (`init_hf_repo`)."""
+
+    def init_hf_repo(self, token=None, private=None):
+        """Trainer's, without creating the repository yet: only its name is settled here."""
+        if not self.is_world_process_zero():
+            return
+        strategy = getattr(self.args.hub_strategy, "value", self.args.hub_strategy)
+        if self.args.push_to_hub and strategy != "end":
+            raise ValueError(
+                f"push_to_hub=True with hub_strategy={strategy!r} uploads each checkpoint's folder during "
+                "training, where swapformer's preflight does not run; set hub_strategy='end' (the model is "
+                "pushed when saved, after the preflight), or use transformers' Trainer"
+            )
+        from huggingface_hub import HfApi
+
+        name = self.args.hub_model_id or os.path.basename(os.path.abspath(self.args.output_dir))
+        token = token if token is not None else self.args.hub_token
+        if "/" not in name:  # where create_repo will put it: the token owner's namespace
+            name = f"{HfApi(token=token).whoami()['name']}/{name}"
+        self.hub_model_id, self.push_in_progress = name, None
+        self._hub_repo = dict(token=token, private=self.args.hub_private_repo if private is None else private)
 
     def create_model_card(self, *args, **kwargs):
         from ..modeling.heads.modeling_base import SwapformerPreTrainedModel
@@ -196,6 +247,10 @@ class CardTrainerMixin:
         super().create_model_card(*args, **kwargs)
         if ours:
             trainer_card_to_swapformer(model, folder, self.hub_model_id, users)
+        if self.is_world_process_zero() and (repo := getattr(self, "_hub_repo", None)) is not None:
+            from huggingface_hub import HfApi
+
+            HfApi(token=repo["token"]).create_repo(self.hub_model_id, private=repo["private"], exist_ok=True)
 
 
 def trainer_card_to_swapformer(model, folder, repo_id: str | None, users: ModelCard | None) -> None:

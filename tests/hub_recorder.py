@@ -1,5 +1,6 @@
 """A stand-in for the Hugging Face Hub in tests: the huggingface_hub client's calls that would reach the
-network are replaced, and the commits it would make are recorded (path in repo -> bytes)."""
+network are replaced, and the commits it would make are recorded (path in repo -> bytes), as is every call
+in order (`calls`: (method, repo_id), reads included)."""
 
 from __future__ import annotations
 
@@ -16,14 +17,17 @@ class Hub:
 
     def __init__(self, monkeypatch, files=(), card: str | None = None):
         self.commits = []
+        self.calls = []
         self.files = set(files) | ({"README.md"} if card is not None else set())
         self.card = card
         hub = self
 
         def create_repo(api, repo_id, **kwargs):
+            hub.calls.append(("create_repo", repo_id))
             return huggingface_hub.RepoUrl(f"https://huggingface.co/{repo_id}")
 
         def create_commit(api, repo_id, operations, **kwargs):
+            hub.calls.append(("create_commit", repo_id))
             hub.commits.append(
                 {
                     "repo_id": repo_id,
@@ -39,11 +43,13 @@ class Hub:
             )
 
         def file_exists(api, repo_id, filename, **kwargs):
+            hub.calls.append(("file_exists", repo_id))
             return filename in hub.files
 
         def load(cls, repo_id_or_path, **kwargs):
             if os.path.exists(repo_id_or_path):
                 return original_load.__func__(cls, repo_id_or_path, **kwargs)
+            hub.calls.append(("load_card", repo_id_or_path))
             return ModelCard(hub.card)
 
         def pipelined_upload(api, *, repo_id, add_operations, delete_operations, **kwargs):

@@ -270,6 +270,10 @@ def test_every_swapformer_cache_layer_records_the_past_with_the_keywords_generat
     "method, params",
     [
         ("get_correct_attn_implementation", ["self", "requested_attention", "is_init_check"]),
+        (
+            "_check_and_adjust_attn_implementation",
+            ["self", "attn_implementation", "is_init_check", "allow_all_kernels"],
+        ),
         ("set_attn_implementation", ["self", "attn_implementation", "allow_all_kernels"]),
         ("mark_tied_weights_as_initialized", ["self", "loading_info"]),
     ],

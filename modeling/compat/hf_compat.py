@@ -24,6 +24,8 @@ Private names (not exported by `transformers` itself, or internals of its classe
                                  transformers.cache_utils: cache layer class per layer type
 Hooks swapformer overrides or reads on transformers' base classes (contract-tested, not imported):
     PreTrainedModel.get_correct_attn_implementation, set_attn_implementation,
+    _check_and_adjust_attn_implementation (it loads an "org/name" Hub kernel without asking the
+    former: swapformer refuses those names first, modeling_base.py),
     mark_tied_weights_as_initialized, create_masks_for_generate; GenerationMixin.
     _prepare_cache_for_generation (decoding_weights.py: the cache generate() builds gets swapformer's
     layer objects, cache.fresh_cache); Cache.activate_past_recording, which passes its keywords on to

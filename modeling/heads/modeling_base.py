@@ -49,6 +49,17 @@ class SwapformerPreTrainedModel(PreTrainedModel):
         check_backend_for_model(name, self, is_init_check=is_init_check)
         return name
 
+    def _check_and_adjust_attn_implementation(
+        self, attn_implementation, is_init_check: bool = False, allow_all_kernels: bool = False
+    ):
+        """transformers' step before `get_correct_attn_implementation`; it loads an "org/name" Hub kernel
+        without asking that hook, so swapformer refuses such a name here first, with what runs here."""
+        if isinstance(attn_implementation, str) and "/" in attn_implementation:
+            check_backend_for_model(attn_implementation, self, is_init_check=is_init_check)
+        return super()._check_and_adjust_attn_implementation(
+            attn_implementation, is_init_check=is_init_check, allow_all_kernels=allow_all_kernels
+        )
+
     def set_attn_implementation(self, attn_implementation, allow_all_kernels: bool = False):
         """transformers' method, plus {layer type: backend} mappings (transformers would read a dict as
         per-sub-config backends and, finding no sub-configs, change nothing)."""
