@@ -25,8 +25,9 @@ Private names (not exported by `transformers` itself, or internals of its classe
 Hooks swapformer overrides or reads on transformers' base classes (contract-tested, not imported):
     PreTrainedModel.get_correct_attn_implementation, set_attn_implementation,
     mark_tied_weights_as_initialized, create_masks_for_generate; GenerationMixin.
-    _prepare_cache_for_generation (decoding_weights.py: the cache generate() builds gets swapformer's
-    layer objects, cache.fresh_cache); Cache.activate_past_recording, which passes its keywords on to
+    _prepare_cache_for_generation (heads/generation.py: the cache generate() builds gets swapformer's
+    layer objects, cache.fresh_cache; its `max_cache_length`, the final length, is checked against a
+    learned position table before the first forward, generation_checks.py); Cache.activate_past_recording, which passes its keywords on to
     each layer (the window layers in caches/cache_layers.py take any keyword);
     PreTrainedConfig._attn_implementation_internal,
     _remove_keys_not_serialized and its
