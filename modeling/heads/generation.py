@@ -31,7 +31,7 @@ class SwapformerGenerationMixin(GenerationMixin):
             with copies_for_generate(self, args, kwargs):
                 return super().generate(*args, **kwargs)
         except PastTheTable as refusal:
-            raise refusal.with_traceback(None) from None  # raised by the hook below, before the first step
+            raise ValueError(*refusal.args) from None  # raised by the hook below, before the first step
 
     def _prepare_cache_for_generation(
         self, generation_config, model_kwargs, generation_mode, batch_size, max_cache_length, *args, **kwargs

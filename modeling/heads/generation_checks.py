@@ -21,8 +21,8 @@ OTHER_POSITIONS = "or use a model with rope/alibi/relative_bias positions"
 
 
 class PastTheTable(ValueError):
-    """A length refused inside transformers' generate(); generate() raises it again from its own frame, as
-    the message says everything (transformers' frames would say nothing more)."""
+    """A length refused inside transformers' generate(); swapformer's generate() raises its message again
+    as a ValueError from its own frame (transformers' frames would say nothing more)."""
 
 
 @dataclass(frozen=True)
@@ -119,7 +119,7 @@ def refuse_length_past_table(config, generation_config, model_kwargs: dict, max_
     over = needed - table
     new_tokens = generation_config.max_new_tokens
     if new_tokens is None:
-        asked = f"max_length={generation_config.max_length}"
+        asked = f"max_length={generation_config.max_length} (from the call or the model's generation_config)"
         fixes = f"pass at most max_length={generation_config.max_length - over}"
     else:
         prompt = needed + 1 - new_tokens
