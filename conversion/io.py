@@ -14,6 +14,7 @@ from pathlib import Path
 
 import torch
 
+from ..modeling.heads.weights_files import safetensors_problem
 from .rules import ASIDE, ConversionError, key_listing
 from .sentence_files import copy_sentence_transformers_files, sentence_transformers_files
 
@@ -39,28 +40,11 @@ TOKENIZER_FILES = (
 
 
 def check_safetensors(path: Path) -> None:
-    """Refuse a truncated or malformed safetensors file, naming it (safetensors' own error does not)."""
-    size = path.stat().st_size
-    with open(path, "rb") as f:
-        head = f.read(8)
-        length = int.from_bytes(head, "little") if len(head) == 8 else None
-        if length is None or 8 + length > size:
-            raise ConversionError(
-                f"{path} is truncated or not a safetensors file ({size} bytes, too short for its header); "
-                "copy or download it again"
-            )
-        try:
-            header = json.loads(f.read(length))
-        except ValueError as e:
-            raise ConversionError(
-                f"{path} has an unreadable safetensors header ({e}); copy or download it again"
-            ) from e
-    end = max((v["data_offsets"][1] for k, v in header.items() if k != "__metadata__"), default=0)
-    if 8 + length + end > size:
-        raise ConversionError(
-            f"{path} is truncated: its header describes {8 + length + end} bytes but the file has {size}; "
-            "copy or download it again"
-        )
+    """Refuse a truncated or malformed safetensors file, naming it (safetensors' own error does not); the
+    check a swapformer model's loading makes too."""
+    problem = safetensors_problem(path)
+    if problem is not None:
+        raise ConversionError(problem)
 
 
 def check_weights(folder: Path, allow_unpickling: bool) -> bool:

@@ -349,6 +349,30 @@ def test_generate_builds_its_cache_in_prepare_cache_for_generation():
     )
 
 
+def test_prepare_cache_for_generation_gets_the_final_length_before_any_forward():
+    """generation_checks.py refuses a call past a learned position table in that hook (issue 28): it must
+    run before the first forward, with max_cache_length fifth, the tokens the decoder will be fed (prompt,
+    ids or embeddings, + max_new_tokens - 1)."""
+    from transformers import GenerationMixin
+
+    touch = "GenerationMixin._prepare_cache_for_generation"
+    names = ["self", "generation_config", "model_kwargs", "generation_mode", "batch_size", "max_cache_length"]
+    signature = parameters(GenerationMixin._prepare_cache_for_generation)
+    contract(signature[:6] == names, touch, f"parameters are now {signature}")
+    model = build(swapformer.DecoderForCausalLM, tiny_config("decoder"))
+    calls, seen = [], []
+    model.register_forward_pre_hook(lambda module, args: calls.append(1))
+    hook = model._prepare_cache_for_generation
+    model._prepare_cache_for_generation = lambda *args: seen.append((args[4], len(calls))) or hook(*args)
+    ids = torch.arange(3, 8)[None]
+    for prompt in ({"input_ids": ids}, {"inputs_embeds": model.get_input_embeddings()(ids)}):
+        calls.clear()
+        model.generate(**prompt, max_new_tokens=4, min_new_tokens=4, do_sample=False, pad_token_id=0)
+    contract(
+        seen == [(8, 0), (8, 0)], touch, f"(max_cache_length, forwards before it) are {seen}, not (8, 0)"
+    )
+
+
 def test_trainer_push_to_hub_writes_its_card_through_create_model_card_then_uploads():
     """hub_cards/publish.py: CardTrainerMixin overrides `Trainer.create_model_card` (public, documented) to
     put swapformer's card in the folder: that works while push_to_hub saves, then calls

@@ -214,7 +214,8 @@ class Int8Cache(Cache):
 
     Pass it to `generate(..., cache=Int8Cache(model.config))` or to a forward (`cache=`, with
     `use_cache=True`). For an encoder-decoder model use `int8_cache(model.config)`, which pairs one for
-    self-attention with one for cross-attention (the encoder's keys and values, also int8).
+    self-attention with one for cross-attention (the encoder's keys and values, also int8). A cache keeps
+    the sequence it was filled with: pass a new one to each generate() that starts a new sequence.
 
     Args:
         config: a swapformer config (or any transformers config with `layer_types`).

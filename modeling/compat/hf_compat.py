@@ -27,8 +27,9 @@ Hooks swapformer overrides or reads on transformers' base classes (contract-test
     _check_and_adjust_attn_implementation (it loads an "org/name" Hub kernel without asking the
     former: swapformer refuses those names first, modeling_base.py),
     mark_tied_weights_as_initialized, create_masks_for_generate; GenerationMixin.
-    _prepare_cache_for_generation (decoding_weights.py: the cache generate() builds gets swapformer's
-    layer objects, cache.fresh_cache); Cache.activate_past_recording, which passes its keywords on to
+    _prepare_cache_for_generation (heads/generation.py: the cache generate() builds gets swapformer's
+    layer objects, cache.fresh_cache; its `max_cache_length`, the final length, is checked against a
+    learned position table before the first forward, generation_checks.py); Cache.activate_past_recording, which passes its keywords on to
     each layer (the window layers in caches/cache_layers.py take any keyword);
     PreTrainedConfig._attn_implementation_internal,
     _remove_keys_not_serialized and its

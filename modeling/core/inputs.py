@@ -111,7 +111,24 @@ def _check_attention_mask(
             f"length={keys}){cached}: one entry per token, 1 for tokens and 0 for padding (or a 4D mask "
             f"(batch, 1, query={length}, key={keys}))"
         )
+    if attention_mask.dtype != torch.bool and not torch.compiler.is_compiling():
+        _check_mask_values(attention_mask, prefix)
     return attention_mask.shape[1]
+
+
+def _check_mask_values(attention_mask: torch.Tensor, prefix: str) -> None:
+    """A 2D mask holds 0 and 1: any other value used to be read as "keep", hiding a mistake upstream
+    (a mask scaled, summed or shifted by -1)."""
+    low, high = torch.aminmax(attention_mask)  # one pass; integer masks need nothing more
+    if low >= 0 and high <= 1 and not (attention_mask.is_floating_point() and (attention_mask % 1).any()):
+        return
+    odd = attention_mask[(attention_mask != 0) & (attention_mask != 1)]
+    found = ", ".join(f"{v:g}" for v in odd.unique()[:4].tolist())
+    raise ValueError(
+        f"{prefix}attention_mask holds {found} besides 0 and 1; a 2D mask holds 1 for tokens and 0 for "
+        "padding (or True/False): pass the tokenizer's attention_mask, or build it as "
+        "(input_ids != pad_token_id).long()"
+    )
 
 
 def check_global_mask(marks, batch: int, past, length: int, span: int, prefix: str = ""):

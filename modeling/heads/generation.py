@@ -1,5 +1,7 @@
 """transformers' generate() for swapformer's generating heads: the decoding weight copies (a CPU route,
-cpu/weight_copies.py) around the call, and swapformer's cache layers in a cache generate() builds."""
+cpu/weight_copies.py) around the call, swapformer's cache layers in a cache generate() builds, and the
+refusals of a call that could only fail or go wrong part-way (generation_checks.py), made before the
+first step."""
 
 from __future__ import annotations
 
@@ -7,6 +9,13 @@ from transformers import GenerationMixin
 
 from ..caches.cache import fresh_cache
 from ..cpu import copies_for_generate
+from .generation_checks import (
+    PastTheTable,
+    prompt_of,
+    refuse_filled_cache,
+    refuse_length_past_table,
+    refuse_prompt_past_table,
+)
 
 
 class SwapformerGenerationMixin(GenerationMixin):
@@ -15,14 +24,27 @@ class SwapformerGenerationMixin(GenerationMixin):
     decoding_copies: str = "auto"  # or "all", "lm_head", "none": see cpu.DecodingWeights
 
     def generate(self, *args, **kwargs):
-        with copies_for_generate(self, args, kwargs):
-            return super().generate(*args, **kwargs)
+        prompt = prompt_of(self.config, args, kwargs)
+        refuse_filled_cache(kwargs.get("cache", kwargs.get("past_key_values")), prompt)
+        refuse_prompt_past_table(self.config, prompt, kwargs.get("max_new_tokens"))
+        try:
+            with copies_for_generate(self, args, kwargs):
+                return super().generate(*args, **kwargs)
+        except PastTheTable as refusal:
+            raise ValueError(*refusal.args) from None  # raised by the hook below, before the first step
 
-    def _prepare_cache_for_generation(self, generation_config, model_kwargs, *args, **kwargs):
-        """transformers' hook that builds the cache of a generate() call; a cache it builds here (not
-        the caller's) gets swapformer's layer objects before its first use (cache.fresh_cache)."""
+    def _prepare_cache_for_generation(
+        self, generation_config, model_kwargs, generation_mode, batch_size, max_cache_length, *args, **kwargs
+    ):
+        """transformers' hook that builds the cache of a generate() call, called once the lengths are
+        final and before the first forward: a call that would run past a learned position table is
+        refused here, and a cache built here (not the caller's) gets swapformer's layer objects before
+        its first use (cache.fresh_cache)."""
+        refuse_length_past_table(self.config, generation_config, model_kwargs, max_cache_length)
         given = model_kwargs.get("cache") is not None
-        result = super()._prepare_cache_for_generation(generation_config, model_kwargs, *args, **kwargs)
+        result = super()._prepare_cache_for_generation(
+            generation_config, model_kwargs, generation_mode, batch_size, max_cache_length, *args, **kwargs
+        )
         if not given and model_kwargs.get("cache") is not None:
             fresh_cache(model_kwargs["cache"])
         return result

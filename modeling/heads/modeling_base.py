@@ -8,6 +8,7 @@ from __future__ import annotations
 import importlib
 import os
 
+from safetensors import SafetensorError
 from torch import nn
 from transformers import PreTrainedModel
 from transformers.utils import logging
@@ -21,6 +22,7 @@ from ..core.layers import Attention, RMSNorm
 from ..core.positions import RotaryEmbedding
 from ..remote_code import write_remote_code
 from ..variants.linformer import LinformerProjections
+from .weights_files import truncated_weights
 
 logger = logging.get_logger(__name__)
 
@@ -131,7 +133,19 @@ class SwapformerPreTrainedModel(PreTrainedModel):
             if getattr(module, "bias", None) is not None:
                 init.zeros_(module.bias)
 
-    # Saving -------------------------------------------------------------------------------------
+    # Loading and saving -------------------------------------------------------------------------
+
+    @classmethod
+    def from_pretrained(cls, pretrained_model_name_or_path, *args, **kwargs):
+        """`PreTrainedModel.from_pretrained`; a local safetensors file cut short is named, with its size and
+        the fix, in one line, where safetensors' error names neither (weights_files.py)."""
+        try:
+            return super().from_pretrained(pretrained_model_name_or_path, *args, **kwargs)
+        except SafetensorError:
+            problem = truncated_weights(pretrained_model_name_or_path, kwargs.get("subfolder") or "")
+            if problem is None:
+                raise
+        raise ValueError(problem)  # outside `except`: the safetensors traceback says nothing more
 
     def save_pretrained(
         self, save_directory, *args, is_main_process: bool = True, push_to_hub: bool = False, **kwargs
