@@ -104,7 +104,8 @@ def folder_contents(out: pathlib.Path) -> str:
         parts.append("TensorBoard logs (runs/)")
     checkpoints = sorted(p.name for p in (out / "checkpoints").glob("step_*") if p.is_dir())
     if checkpoints:
-        parts.append(f"{len(checkpoints)} checkpoint(s) for --resume (checkpoints/{', '.join(checkpoints)})")
+        count = f"{len(checkpoints)} checkpoint{'s' if len(checkpoints) > 1 else ''}"
+        parts.append(f"{count} for --resume (checkpoints/{', '.join(checkpoints)})")
     if files:
         parts.append(f"also {', '.join(files)}")
     return ", ".join(parts[:-1]) + f" and {parts[-1]}" if len(parts) > 1 else "".join(parts)

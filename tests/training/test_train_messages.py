@@ -16,7 +16,7 @@ import pytest
 
 from swapformer.cli import build_parser, main
 from swapformer.modeling.cpu import sparse_native
-from swapformer.training.args import TrainArgs, flag
+from swapformer.training.args import TrainArgs, TrainArgumentError, flag
 from swapformer.training.corpus import stdlib_documents
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # conftest.one_thread
@@ -120,6 +120,8 @@ def test_every_train_flag_is_the_field_of_the_same_name():
         assert action.dest in fields, action.dest
     assert fields == {a.dest for a in actions}
     assert TrainArgs(no_progress=True).no_progress and TrainArgs(set={"num_key_value_heads": 2}).set
+    with pytest.raises(TrainArgumentError, match=r"set must be a dict .* got 'num_key_value_heads=2'"):
+        TrainArgs(set="num_key_value_heads=2").resolved()
 
 
 def test_a_run_saved_under_the_old_names_still_resumes():
