@@ -55,7 +55,7 @@ def validation_batches(folder: pathlib.Path) -> list[dict]:
     from swapformer.training.objectives import make_objective
     from swapformer.training.tokenizer import load_tokenizer
 
-    args = TrainArgs(**json.loads((folder / "training_args.json").read_text())).resolved()
+    args = TrainArgs.from_json(json.loads((folder / "training_args.json").read_text())).resolved()
     if args.arch != "decoder":
         raise SystemExit(f"benchmarks/int8.py measures a decoder; {folder} holds a {args.arch!r} run")
     tokenizer = load_tokenizer(str(folder), args.arch)

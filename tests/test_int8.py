@@ -312,8 +312,8 @@ def test_int8_benchmark_smoke(tmp_path, capsys):
     out = tmp_path / "run"
     model_options = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64)
     args = TrainArgs(
-        output_dir=str(out), data=[str(data)], progress=False, vocab_size=600, seq_len=32, batch_size=4,
-        max_steps=4, warmup_steps=1, save_every=4, eval_every=4, val_fraction=0.2, model_options=model_options,
+        output_dir=str(out), data=[str(data)], no_progress=True, vocab_size=600, seq_len=32, batch_size=4,
+        max_steps=4, warmup_steps=1, save_every=4, eval_every=4, val_fraction=0.2, set=model_options,
     )  # fmt: skip
     metrics = train(args)
     bench = load_benchmark("int8")

@@ -78,10 +78,10 @@ CPU_ENV = {**os.environ, "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""}
 
 
 def tiny_args(out: pathlib.Path, data: pathlib.Path | None, **overrides) -> TrainArgs:
-    base = dict(TINY_RUN, output_dir=str(out), data=[str(data)] if data is not None else [], progress=False)
-    options = {**TINY_MODEL, **overrides.pop("model_options", {})}
+    base = dict(TINY_RUN, output_dir=str(out), data=[str(data)] if data is not None else [], no_progress=True)
+    options = {**TINY_MODEL, **overrides.pop("set", {})}
     base.update(overrides)
-    return TrainArgs(model_options=options, **base)
+    return TrainArgs(set=options, **base)
 
 
 def tiny_argv(out: pathlib.Path, data: pathlib.Path, **overrides) -> list[str]:
@@ -228,7 +228,7 @@ def test_each_architecture_trains_and_writes_a_hub_ready_folder(arch, tmp_path, 
     if arch == "decoder":  # also: a backend per layer type, block-sparse on a sliding-window layer
         layers = ["sliding_attention", "full_attention"]
         attn = json.dumps({"sliding_attention": "sparse", "full_attention": "sdpa"})
-        extra = dict(attn=attn, model_options=dict(sliding_window=8, layer_types=layers))
+        extra = dict(attn=attn, set=dict(sliding_window=8, layer_types=layers))
     metrics = train(tiny_args(out, data, arch=arch, **extra))
 
     for name in (
@@ -244,7 +244,7 @@ def test_each_architecture_trains_and_writes_a_hub_ready_folder(arch, tmp_path, 
     assert (out / "loss_curve.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     config = json.loads((out / "config.json").read_text())
     assert config["auto_map"]
-    assert config["layer_types"] == extra.get("model_options", {}).get("layer_types", ["full_attention"] * 2)
+    assert config["layer_types"] == extra.get("set", {}).get("layer_types", ["full_attention"] * 2)
     assert json.loads((out / "metrics.json").read_text()) == pytest.approx(metrics)
     curve = losses(out)
     assert [s for s, _ in curve] == list(range(1, 9))
@@ -279,7 +279,7 @@ def test_each_architecture_trains_and_writes_a_hub_ready_folder(arch, tmp_path, 
 
 def test_resume_after_a_kill_reproduces_the_uninterrupted_run(tmp_path, text_folder, report):
     # dropout on and accumulation: the resumed run must also restore the RNG and the batch split
-    kw = dict(grad_accum=2, model_options=dict(hidden_dropout=0.1))
+    kw = dict(grad_accum=2, set=dict(hidden_dropout=0.1))
     full = tmp_path / "full"
     train(tiny_args(full, text_folder, **kw))
     broken = tmp_path / "broken"
@@ -460,7 +460,7 @@ def test_cli_single_text_file_config_file_and_set_flags_reach_the_saved_model(tm
     assert config["num_key_value_heads"] == 2 and config["position_embedding_type"] == "alibi"
     assert config["hidden_size"] == 32 and config["num_hidden_layers"] == 1  # --set wins over --config
     assert config["max_position_embeddings"] == 32  # sized to --seq-len
-    assert json.loads((out / "training_args.json").read_text())["model_options"]["hidden_size"] == 32
+    assert json.loads((out / "training_args.json").read_text())["set"]["hidden_size"] == 32
     # a saved config.json works as --config (its vocabulary is left to the new run's tokenizer)
     again = tmp_path / "again"
     argv = tiny_argv(again, text_folder, max_steps=1, vocab_size=700, warmup_steps=0)
@@ -702,9 +702,7 @@ def test_set_reads_lists_and_mappings_as_json(tmp_path, capsys):
         "--set layer_types=[sliding_attention,full_attention]: a list or mapping must be JSON" in err
         and """--set 'layer_types=["sliding_attention","full_attention"]'""" in err
     ), err
-    args, options = check_run(
-        TrainArgs(model_options=dict(layer_types=layers, sliding_window=8, num_hidden_layers=2))
-    )
+    args, options = check_run(TrainArgs(set=dict(layer_types=layers, sliding_window=8, num_hidden_layers=2)))
     assert options["layer_types"] == layers
 
 

@@ -65,7 +65,7 @@ def test_weight_decay_falls_on_the_parameters_transformers_trainer_decays(arch, 
         def __len__(self):
             return 300
 
-    args = TrainArgs(arch=arch, model_options={**TINY_MODEL, **options}, weight_decay=0.1).resolved()
+    args = TrainArgs(arch=arch, set={**TINY_MODEL, **options}, weight_decay=0.1).resolved()
     model = build_model(args, model_options(args), Tokenizer())
     decayed, not_decayed = param_groups(model, args.weight_decay)
     assert (decayed["weight_decay"], not_decayed["weight_decay"]) == (0.1, 0.0)

@@ -47,7 +47,9 @@ MODEL_DEFAULTS = dict(
 # Config fields the tokenizer decides.
 TOKENIZER_FIELDS = ("vocab_size", "pad_token_id", "bos_token_id", "eos_token_id", "decoder_start_token_id")
 # Training arguments that may differ between a run and its resumption.
-RESUME_FREE = frozenset({"resume", "overwrite", "stop_after", "progress", "push_to_hub", "hub_private"})
+RESUME_FREE = frozenset({"resume", "overwrite", "stop_after", "no_progress", "push_to_hub", "hub_private"})
+# Names a training_args.json written before the fields took their flags' names (issue 28) may hold.
+OLD_NAMES = {"model_options": "set"}
 
 
 class TrainArgumentError(ValueError):
@@ -56,7 +58,8 @@ class TrainArgumentError(ValueError):
 
 @dataclass
 class TrainArgs:
-    """Arguments of one training run. `None` means "from the preset"."""
+    """Arguments of one training run, each named as its flag (`no_progress` is `--no-progress`, `set` the
+    `--set` options as a dict of config fields). `None` means "from the preset"."""
 
     arch: str = "decoder"
     preset: str = "tiny"
@@ -66,7 +69,7 @@ class TrainArgs:
     tokenizer: str | None = None
     vocab_size: int | None = None
     config: str | None = None
-    model_options: dict = field(default_factory=dict)
+    set: dict = field(default_factory=dict)  # config fields, e.g. {"num_key_value_heads": 2}
     attn: str = "sdpa"
     seq_len: int | None = None
     batch_size: int | None = None
@@ -95,7 +98,7 @@ class TrainArgs:
     mean_span_length: float = 3.0
     resume: str | None = None
     overwrite: bool = False
-    progress: bool = True
+    no_progress: bool = False
     push_to_hub: str | None = None  # a Hub repo id the finished folder is uploaded to
     hub_private: bool = False
     stop_after: int | None = None  # test hook: end as if killed after this step (no save)
@@ -106,8 +109,13 @@ class TrainArgs:
             raise TrainArgumentError(
                 f"--preset {self.preset!r} is unknown; choose one of {', '.join(PRESETS)}"
             )
+        if not isinstance(self.set, dict):
+            raise TrainArgumentError(
+                f"set must be a dict of config fields such as {{'num_key_value_heads': 2}} (the command line's "
+                f"--set num_key_value_heads=2), got {self.set!r}"
+            )
         preset = PRESETS[self.preset]
-        out = dataclasses.replace(self, data=list(self.data), model_options=dict(self.model_options))
+        out = dataclasses.replace(self, data=list(self.data), set=dict(self.set))
         for name, value in preset.items():
             if name != "model" and getattr(out, name) is None:
                 setattr(out, name, value)
@@ -119,6 +127,11 @@ class TrainArgs:
     def to_json(self) -> dict:
         return dataclasses.asdict(self)
 
+    @classmethod
+    def from_json(cls, saved: dict) -> TrainArgs:
+        """The arguments a training_args.json holds, also one written under the old names."""
+        return cls(**current_names(saved))
+
     def differences(self, other: dict) -> list[str]:
         """Names of the arguments (other than resume-only ones) whose values differ from `other`. An
         argument added after `other` was saved counts as its default there (a run saved before
@@ -127,9 +140,18 @@ class TrainArgs:
         defaults = {
             f.name: f.default for f in dataclasses.fields(self) if f.default is not dataclasses.MISSING
         }
-        other = {**defaults, **other}
+        other = {**defaults, **current_names(other)}
         names = (set(mine) | set(other)) - RESUME_FREE
         return sorted(n for n in names if mine.get(n) != other.get(n))
+
+
+def current_names(saved: dict) -> dict:
+    """A saved training_args.json under today's names (`model_options` -> `set`, `progress` ->
+    `no_progress`)."""
+    out = {OLD_NAMES.get(name, name): value for name, value in saved.items() if name != "progress"}
+    if "progress" in saved:
+        out["no_progress"] = not saved["progress"]
+    return out
 
 
 def parse_option(text: str) -> tuple[str, object]:

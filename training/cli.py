@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
 
 from .args import ARCHS, MIXED_PRECISION, PRESETS, TrainArgs, flag, parse_option
@@ -45,9 +46,9 @@ def _preset_option(group, name: str, kind: type, help: str) -> None:
     group.add_argument(flag(name), type=kind, help=f"{help} (preset default)")
 
 
-def _appended(group, name: str, dest: str, metavar: str, help: str) -> None:
+def _appended(group, name: str, metavar: str, help: str) -> None:
     """A repeatable --name, collected in a list."""
-    group.add_argument(flag(name), dest=dest, action="append", default=[], metavar=metavar, help=help)
+    group.add_argument(flag(name), action="append", default=[], metavar=metavar, help=help)
 
 
 def _what_to_train(group) -> None:
@@ -61,7 +62,7 @@ def _what_to_train(group) -> None:
     _option(group, "attn", attn_help)
     group.add_argument("--config", help="JSON file of config fields (a saved config.json works)")
     set_help = "one config field (any field of the architecture's config), e.g. --set num_key_value_heads=2; repeatable"
-    _appended(group, "set", "model_options", "FIELD=VALUE", set_help)
+    _appended(group, "set", "FIELD=VALUE", set_help)
 
 
 def _data(group) -> None:
@@ -69,7 +70,7 @@ def _data(group) -> None:
         "text file, folder of text files, or a `datasets` dataset saved with save_to_disk; repeatable "
         "(default: the Python stdlib)"
     )
-    _appended(group, "data", "data", "PATH", data_help)
+    _appended(group, "data", "PATH", data_help)
     _option(group, "text_column", "column of a `datasets` dataset (default: %(default)s)")
     group.add_argument(
         "--tokenizer", help="a saved tokenizer folder to reuse instead of training a byte-level BPE"
@@ -117,7 +118,8 @@ def _run(group) -> None:
     )
     group.add_argument("--resume", nargs="?", const="latest", help=resume_help)
     group.add_argument("--overwrite", action="store_true", help="replace a previous run in --output-dir")
-    group.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
+    quiet_help = "no progress bar, and no line per stage (reading the documents, tokenizer, evaluation)"
+    group.add_argument("--no-progress", action="store_true", help=quiet_help)
     push_help = "upload the finished folder to this Hub repo (created if missing; checkpoints/ left out)"
     group.add_argument("--push-to-hub", metavar="REPO_ID", help=push_help)
     group.add_argument("--hub-private", action="store_true", help="create the --push-to-hub repo private")
@@ -128,7 +130,7 @@ def _train(ns: argparse.Namespace) -> int:
     """Errors a user can fix (TrainArgumentError, a ValueError) reach `swapformer.cli.main`, which
     prints them as one line with exit code 2."""
     values = {k: v for k, v in vars(ns).items() if k not in ("func", "command", "debug")}
-    values["model_options"] = dict(parse_option(o) for o in values["model_options"])
+    values["set"] = dict(parse_option(o) for o in values["set"])
     args = TrainArgs(**values)
 
     import pathlib
@@ -136,10 +138,12 @@ def _train(ns: argparse.Namespace) -> int:
     from .checkpointing import latest_checkpoint
     from .hub import HubPushError
     from .loop import train
+    from .notices import shown_on_stderr
     from .step import TrainingDiverged
 
     try:
-        metrics = train(args)
+        with contextlib.nullcontext() if args.no_progress else shown_on_stderr():
+            metrics = train(args)
     except (TrainingDiverged, HubPushError) as e:
         print(f"swapformer train: {e}", file=sys.stderr)
         return 1
@@ -151,20 +155,29 @@ def _train(ns: argparse.Namespace) -> int:
             hint = f"it stopped before its first checkpoint and kept nothing in {out}: run the same command again"
         print(f"swapformer train: interrupted; {hint}", file=sys.stderr)
         return 130
+    _report(metrics, pathlib.Path(args.output_dir))
+    return 0
+
+
+def _report(metrics: dict, out) -> None:
+    """The closing lines of a run (metrics are empty outside the main process)."""
+    from .notices import finished_message
+
     if "stopped_at" in metrics:
         print(f"stopped after step {metrics['stopped_at']} (--stop-after)")
-    elif metrics:  # the main process reports
+    elif metrics.get("already_finished"):
+        print(finished_message(out, metrics))
+    elif metrics:
         print(
             f"validation perplexity {metrics['val_perplexity']:.2f} (unigram baseline "
             f"{metrics['unigram_perplexity']:.2f}) after {metrics['steps']} steps, "
             f"{metrics['train_seconds']:.0f} s of training, {metrics['total_seconds']:.0f} s in all; "
-            f"model in {args.output_dir}"
+            f"model in {out}"
         )
         if "test_perplexity" in metrics:
             print(
                 f"test perplexity {metrics['test_perplexity']:.2f} (unigram baseline "
                 f"{metrics['test_unigram_perplexity']:.2f}) on {metrics['test_tokens']} tokens of the test split"
             )
-        if "hub_url" in metrics:
-            print(f"uploaded to {metrics['hub_url']}")
-    return 0
+    if "hub_url" in metrics:
+        print(f"uploaded to {metrics['hub_url']}")

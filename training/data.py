@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import hashlib
 import pathlib
+import sys
 import tempfile
 from dataclasses import dataclass
 
@@ -26,6 +27,7 @@ import torch
 from .args import TrainArgs, TrainArgumentError
 from .checkpointing import start_run_folder
 from .corpus import Document, documents_of_test_split, load_documents, split_documents
+from .notices import stage
 from .objectives import make_objective
 from .tokenizer import load_tokenizer, train_tokenizer
 
@@ -145,16 +147,19 @@ def prepare_data(args: TrainArgs, accelerator, out: pathlib.Path, fresh: bool) -
     tokenizer and packs the blocks; if that fails, every process raises its error. Only then does it
     create the output folder of a fresh run (tokenizer and training_args.json), from which the other
     processes read the tokenizer."""
-    docs, corpus_name = load_documents(args.data, args.text_column)
-    train_docs, val_docs = split_documents(docs, args.val_fraction, args.max_train_chars, args.max_val_chars)
-    test_docs = documents_of_test_split(docs, args.max_val_chars)
-    splits = (corpus_name, train_docs, val_docs, test_docs)
+    splits = _read_documents(args, accelerator)
     data, error = None, None
     if accelerator.is_main_process:
         try:
             with tempfile.TemporaryDirectory() as scratch:
-                tokenizer = _run_tokenizer(args, out, fresh, train_docs, scratch)
-                data = _tokenized(args, tokenizer, *splits)
+                tokenizer = _run_tokenizer(args, out, fresh, splits[1], scratch, accelerator)
+                with stage(
+                    accelerator, "tokenizing", f"the splits into blocks of {args.seq_len} tokens"
+                ) as told:
+                    data = _tokenized(args, tokenizer, *splits)
+                    told.result = (
+                        f"{len(data.train_blocks):,} training, {len(data.val_blocks):,} validation blocks"
+                    )
                 if fresh:
                     start_run_folder(out, args, tokenizer)
         except Exception as e:
@@ -166,7 +171,23 @@ def prepare_data(args: TrainArgs, accelerator, out: pathlib.Path, fresh: bool) -
     return data
 
 
-def _run_tokenizer(args: TrainArgs, out: pathlib.Path, fresh: bool, train_docs: list, scratch: str):
+def _read_documents(args: TrainArgs, accelerator) -> tuple[str, list, list, list]:
+    """(corpus name, training, validation and test documents), said with their sizes."""
+    version = f"{sys.version_info.major}.{sys.version_info.minor}"
+    source = ", ".join(args.data) or f"the Python {version} standard library"
+    with stage(accelerator, "reading documents", source) as told:
+        docs, corpus_name = load_documents(args.data, args.text_column)
+        train, val = split_documents(docs, args.val_fraction, args.max_train_chars, args.max_val_chars)
+        test = documents_of_test_split(docs, args.max_val_chars)
+        sizes = [f"{len(d):,} for {name} ({sum(len(x.text) for x in d):,} characters)"
+                 for d, name in ((train, "training"), (val, "validation"), (test, "test")) if d]  # fmt: skip
+        told.result = f"{len(docs):,} documents: {', '.join(sizes)}"
+    return corpus_name, train, val, test
+
+
+def _run_tokenizer(
+    args: TrainArgs, out: pathlib.Path, fresh: bool, train_docs: list, scratch: str, accelerator
+):
     """The run's tokenizer as every process will read it back from the output folder: a fresh one
     (trained, or --tokenizer) goes through save_pretrained and load_tokenizer in `scratch` first."""
     if not fresh:
@@ -182,7 +203,10 @@ def _run_tokenizer(args: TrainArgs, out: pathlib.Path, fresh: bool, train_docs: 
                 "by save_pretrained, or omit --tokenizer to train one"
             ) from e
     else:
-        tokenizer = train_tokenizer((d.text for d in train_docs), args.vocab_size)
+        chars = sum(len(d.text) for d in train_docs)
+        detail = f"byte-level BPE of {args.vocab_size} tokens on {chars:,} characters of the training split"
+        with stage(accelerator, "training a tokenizer", detail):
+            tokenizer = train_tokenizer((d.text for d in train_docs), args.vocab_size)
     tokenizer.save_pretrained(scratch)
     return load_tokenizer(scratch, args.arch)
 

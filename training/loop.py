@@ -2,6 +2,7 @@
 
     preflight.preflight        every argument, path, the model and the output folder checked
     launch.make_accelerator    the processes and the precision
+    notices.finished_metrics   with --resume of a run that had already finished: nothing more to do
     data.prepare_data          documents, tokenizer, token blocks; only then a fresh run's folder
     model.build_model          the model, from the config fields and the tokenizer
     checkpointing.restore      with --resume: weights, optimizer, scheduler, RNG and the trainer state
@@ -30,6 +31,7 @@ from .evaluation import evaluate
 from .hub import push_folder
 from .launch import check_distributed, make_accelerator
 from .model import build_model
+from .notices import finished_metrics, stage
 from .preflight import preflight
 from .report import MetricsLog, write_folder
 from .step import TrainingDiverged, make_optimizer, make_scheduler, optimizer_step
@@ -64,6 +66,10 @@ def train(args: TrainArgs, *, step_hook=None) -> dict:
     accelerator = make_accelerator(args, out)
     save_tied_weights_once(accelerator)
     check_distributed(accelerator)
+    if resume_from is not None:
+        finished = finished_metrics(out, resume_from, args.max_steps)
+        if finished is not None:
+            return already_finished(accelerator, out, args, finished)
     set_seed(args.seed)
     data = prepare_data(args, accelerator, out, fresh=resume_from is None)
     try:
@@ -76,6 +82,17 @@ def train(args: TrainArgs, *, step_hook=None) -> dict:
         if resume_from is None and not isinstance(e, TrainingDiverged):
             drop_unstarted_run(accelerator, out)
         raise
+
+
+def already_finished(accelerator, out: pathlib.Path, args: TrainArgs, metrics: dict) -> dict:
+    """--resume of a run that had already finished: nothing is trained or written; its saved metrics,
+    marked `already_finished` (the folder is uploaded if --push-to-hub asks)."""
+    if not accelerator.is_main_process:
+        return {}
+    metrics = {**metrics, "already_finished": True}
+    if args.push_to_hub:
+        metrics["hub_url"] = push_folder(out, args.push_to_hub, private=args.hub_private)
+    return metrics
 
 
 def start(args: TrainArgs, options: dict, accelerator, data: RunData, out, resume_from) -> Run:
@@ -97,7 +114,7 @@ def run_steps(run: Run, last_checkpoint: pathlib.Path | None, step_hook) -> int 
     from tqdm.auto import tqdm
 
     args, state = run.args, run.state
-    show = run.accelerator.is_main_process and args.progress
+    show = run.accelerator.is_main_process and not args.no_progress
     bar = tqdm(
         total=args.max_steps,
         initial=state["step"],
@@ -172,22 +189,26 @@ def evaluate_split(run: Run, split: str = "val") -> dict:
 def finish(run: Run, start_time: float) -> dict:
     """The final evaluation (and the test split's, if any), the Hub-ready folder and the upload."""
     accelerator, args = run.accelerator, run.args
-    final_eval = evaluate_split(run)
-    if run.data.test_batches:  # a DatasetDict's test split: scored once, reported beside validation
-        final_eval = {**final_eval, **evaluate_split(run, split="test")}
-    weights = accelerator.get_state_dict(run.model)  # whole tensors, also under FSDP (collective)
-    metrics = {}
-    if accelerator.is_main_process:
-        run.log(final_eval)
-        facts = dict(
-            num_parameters=run.num_parameters,
-            num_processes=accelerator.num_processes,
-            distributed_type=accelerator.distributed_type.value,
-            start_time=start_time,
-        )
-        model = accelerator.unwrap_model(run.model)
-        metrics = write_folder(run.out, args, model, weights, run.data, run.state, final_eval, facts)
-    accelerator.wait_for_everyone()
+    detail = (
+        f"the final evaluation ({len(run.data.val_blocks):,} validation blocks), then the folder {run.out}"
+    )
+    with stage(accelerator, "finishing", detail):
+        final_eval = evaluate_split(run)
+        if run.data.test_batches:  # a DatasetDict's test split: scored once, reported beside validation
+            final_eval = {**final_eval, **evaluate_split(run, split="test")}
+        weights = accelerator.get_state_dict(run.model)  # whole tensors, also under FSDP (collective)
+        metrics = {}
+        if accelerator.is_main_process:
+            run.log(final_eval)
+            facts = dict(
+                num_parameters=run.num_parameters,
+                num_processes=accelerator.num_processes,
+                distributed_type=accelerator.distributed_type.value,
+                start_time=start_time,
+            )
+            model = accelerator.unwrap_model(run.model)
+            metrics = write_folder(run.out, args, model, weights, run.data, run.state, final_eval, facts)
+        accelerator.wait_for_everyone()
     run.log.close()
     if accelerator.is_main_process and args.push_to_hub:  # after the barrier: an upload may take a while
         metrics["hub_url"] = push_folder(run.out, args.push_to_hub, private=args.hub_private)

@@ -77,7 +77,7 @@ def model_options(args: TrainArgs) -> dict:
         check_config_file(args, loaded)
         own = config_fields_of(config_classes()[args.arch]) - set(TOKENIZER_FIELDS)
         options.update({k: v for k, v in loaded.items() if k in own})
-    options.update(args.model_options)
+    options.update(args.set)
     return options
 
 
@@ -114,7 +114,7 @@ def check_set_fields(args: TrainArgs) -> None:
     classes = config_classes()
     known = set().union(*(config_fields_of(cls) for cls in classes.values()))
     own = config_fields_of(classes[args.arch])
-    for name in args.model_options:
+    for name in args.set:
         if name not in known:
             raise TrainArgumentError(f"--set {name}=...: {name!r} is not a config field")
         if name not in own:

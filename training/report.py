@@ -200,7 +200,6 @@ def write_folder(out, args, model, weights, data: RunData, state, final_eval, ru
     }
     model.save_pretrained(out, state_dict=weights, safe_serialization=True)
     data.tokenizer.save_pretrained(out)
-    (out / "metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
     # git-based uploads leave the resume states out too (push_folder passes the same patterns)
     (out / ".gitignore").write_text("".join(f"{pattern}\n" for pattern in HUB_IGNORE))
     plot_loss_curve(state["history"], state["evals"], str(out / "loss_curve.png"))
@@ -212,6 +211,8 @@ def write_folder(out, args, model, weights, data: RunData, state, final_eval, ru
         corpus_name=data.corpus_name,
         corpus_text=describe_corpus(args, data),
     )
+    # last: a folder with metrics.json is complete (a --resume of it has nothing left to do)
+    (out / "metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
     return metrics
 
 

@@ -4,6 +4,12 @@ The toolchain they need (a C++ compiler, ninja), where they are cached (one fold
 and vector width) and the compilation itself, under a file lock so that processes starting at once
 build once. Holds no state: `sparse_native.py` records whether this process built them and decides
 when to (its docstring has the whole story).
+
+Every compilation is announced in one line: at once when the library is missing or older than the
+source, and after SLOW_LOAD_S when ninja compiles again over a library that looked up to date. ninja
+does that when the build command or a header changed since the cached build (another virtual
+environment, torch install or CXX sharing the cache), which only ninja's own records show; a load that
+compiles nothing takes a fraction of a second.
 """
 
 from __future__ import annotations
@@ -12,6 +18,7 @@ import contextlib
 import os
 import shutil
 import sys
+import threading
 from pathlib import Path
 
 import torch
@@ -20,6 +27,8 @@ from transformers.utils import logging
 SOURCE = Path(__file__).resolve().parent / "csrc" / "sparse_native.cpp"
 ENV = "SWAPFORMER_SPARSE_CPU"  # the route's environment variable, named in the build's messages
 logger = logging.get_logger(__name__)
+SLOW_LOAD_S = 2.0  # a load still running after this long is compiling
+AHEAD = f"`swapformer build-kernels` does this ahead of time; {ENV}=torch skips them (the PyTorch path)."
 
 
 def ninja() -> str | None:
@@ -64,6 +73,18 @@ def up_to_date() -> bool:
 
 
 @contextlib.contextmanager
+def _said_if_slow(message: str):
+    """Log `message` if the block still runs after SLOW_LOAD_S."""
+    timer = threading.Timer(SLOW_LOAD_S, logger.warning, args=(message,))
+    timer.daemon = True
+    timer.start()
+    try:
+        yield
+    finally:
+        timer.cancel()
+
+
+@contextlib.contextmanager
 def _build_lock(directory: Path):
     """One process at a time builds in `directory` (a file lock; others wait, then load its library)."""
     try:
@@ -92,20 +113,26 @@ def compile_and_load() -> Path:
     try:
         directory.mkdir(parents=True, exist_ok=True)
         with _build_lock(directory):
-            if not up_to_date():
+            cached = up_to_date()
+            if not cached:
                 logger.warning(
                     f"swapformer: compiling the sparse backend's native CPU kernels (once per machine and "
-                    f"torch version, about 10-30 s) into {directory}. `swapformer build-kernels` does this "
-                    f"ahead of time; {ENV}=torch skips them (the PyTorch path)."
+                    f"torch version, about 10-30 s) into {directory}. {AHEAD}"
                 )
-            load(
-                name=_name(),
-                sources=[str(SOURCE)],
-                extra_cflags=["-O3", "-fopenmp", *_flags()],
-                extra_ldflags=["-fopenmp"],
-                build_directory=str(directory),
-                is_python_module=False,
+            again = (
+                f"swapformer: compiling the sparse backend's native CPU kernels again (about 10-30 s): the "
+                f"build cached in {directory} was made by another environment (paths, torch headers or "
+                f"compiler differ). {AHEAD}"
             )
+            with _said_if_slow(again) if cached else contextlib.nullcontext():
+                load(
+                    name=_name(),
+                    sources=[str(SOURCE)],
+                    extra_cflags=["-O3", "-fopenmp", *_flags()],
+                    extra_ldflags=["-fopenmp"],
+                    build_directory=str(directory),
+                    is_python_module=False,
+                )
     except Exception as error:
         raise RuntimeError(
             f"swapformer could not build its sparse CPU kernels from {SOURCE} in {directory}: {error}. "
