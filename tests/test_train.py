@@ -665,6 +665,38 @@ def test_a_failed_upload_says_so_and_keeps_the_folder(tmp_path, text_folder, hub
     assert AutoModelForCausalLM.from_pretrained(out) is not None
 
 
+def test_push_to_hub_sends_nothing_until_the_folder_passes_its_preflight(
+    tmp_path, text_folder, hub_recorder, monkeypatch
+):
+    """--push-to-hub checks the folder as model.push_to_hub checks its own before any Hub call: a card
+    whose metadata does not parse is refused with the reason and no repository is created; offline, one
+    line says nothing was sent; the intact folder then goes up."""
+    import huggingface_hub.constants
+    from huggingface_hub.errors import OfflineModeIsEnabled
+
+    from swapformer.hub_cards import PublishError
+    from swapformer.training.hub import push_folder
+
+    out = tmp_path / "run"
+    assert main(tiny_argv(out, text_folder)) == 0
+    readme = out / "README.md"
+    card = readme.read_text()
+    readme.write_text(card.replace("---\n", "---\nlicense: [unclosed\n", 1))
+    with pytest.raises(PublishError, match="README.md metadata does not parse"):
+        push_folder(out, "me/tiny-run")
+    assert hub_recorder == {}
+    readme.write_text(card)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(OfflineModeIsEnabled, match="HF_HUB_OFFLINE=1 turns it off: nothing was sent"):
+        push_folder(out, "me/tiny-run")
+    assert hub_recorder == {}
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.delenv("HF_HUB_OFFLINE")
+    assert push_folder(out, "me/tiny-run").endswith("/commit/0123abc")
+    assert hub_recorder["create_repo"]["repo_id"] == "me/tiny-run"
+
+
 # Issue 10: the command as a new user meets it --------------------------------------------------------
 
 
