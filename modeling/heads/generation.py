@@ -16,6 +16,7 @@ from .generation_checks import (
     refuse_length_past_table,
     refuse_prompt_past_table,
 )
+from .peft_generation import refuse_peft_prompt_learning
 
 
 class SwapformerGenerationMixin(GenerationMixin):
@@ -24,6 +25,7 @@ class SwapformerGenerationMixin(GenerationMixin):
     decoding_copies: str = "auto"  # or "all", "lm_head", "none": see cpu.DecodingWeights
 
     def generate(self, *args, **kwargs):
+        refuse_peft_prompt_learning(self)
         prompt = prompt_of(self.config, args, kwargs)
         refuse_filled_cache(kwargs.get("cache", kwargs.get("past_key_values")), prompt)
         refuse_prompt_past_table(self.config, prompt, kwargs.get("max_new_tokens"))

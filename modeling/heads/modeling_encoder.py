@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 from torch import nn
+from transformers import Cache
 from transformers.modeling_outputs import (
     BaseModelOutputWithPooling,
     MaskedLMOutput,
@@ -19,9 +20,10 @@ from ..compat.hf_compat import ACT2FN
 from ..core.layers import make_norm
 from ..core.stack import StackMixin
 from ..cpu import project
+from .encoder_prefix import key_value_prefix
 from .losses import sequence_classification_loss, span_loss, token_cross_entropy
 from .modeling_base import SwapformerPreTrainedModel
-from .task_heads import BaseModelKwargs, HeadKwargs, TaskHead, model_output, stack_inputs
+from .task_heads import BaseModelKwargs, HeadKwargs, TaskHead, cache_argument, model_output, stack_inputs
 
 
 class EncoderPreTrainedModel(SwapformerPreTrainedModel):
@@ -69,6 +71,7 @@ class EncoderModel(StackMixin, EncoderPreTrainedModel):
         inputs_embeds: torch.Tensor | None = None,
         *,
         global_attention_mask: torch.Tensor | None = None,
+        cache: Cache | None = None,
         return_dict: bool | None = None,
         **kwargs: Unpack[BaseModelKwargs],
     ) -> BaseModelOutputWithPooling | tuple:
@@ -76,14 +79,20 @@ class EncoderModel(StackMixin, EncoderPreTrainedModel):
         Args:
             global_attention_mask: (B, T), 1 for tokens that attend to and are attended by all tokens
                 in sliding_global/bigbird layers (e.g. the CLS token, question tokens).
+            cache: a key/value prefix every layer's tokens attend to, as BertModel takes it (PEFT's
+                prefix tuning passes it as `past_key_values`): each layer's keys and values
+                (B, kv heads, P, head dim); `attention_mask` then covers P + T. It is read, never
+                extended (encoder_prefix.py).
             kwargs: `BaseModelKwargs` (output flags, packed sequences).
         """
+        prefix = key_value_prefix(self, cache_argument(self, cache, kwargs, None))
         h, hidden, attns, _ = self.forward_stack(
             input_ids=input_ids,
             inputs_embeds=inputs_embeds,
             attention_mask=attention_mask,
             position_ids=position_ids,
             token_type_ids=token_type_ids,
+            cache=prefix,
             **stack_inputs(self, global_attention_mask, kwargs),
         )
         out = BaseModelOutputWithPooling(
