@@ -90,8 +90,8 @@ def matmul_peak_gflops() -> float:
 
 
 def make_pattern(n: int, kind: str, globals_: int = GLOBALS, device: str = "cpu") -> AttentionPattern:
-    """`globals_` leading global tokens; 0 gives a plain sliding window (kind "sliding"). tests/test_gpu.py
-    times the same pattern on CUDA (`device="cuda"`)."""
+    """`globals_` leading global tokens; 0 gives a plain sliding window (kind "sliding").
+    tests/benchmarks/test_gpu.py times the same pattern on CUDA (`device="cuda"`)."""
     glob = torch.zeros(1, n, dtype=torch.bool, device=device)
     glob[:, :globals_] = True
     if kind == "sliding_global" and not globals_:

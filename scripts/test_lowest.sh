@@ -19,11 +19,11 @@ install_steps() {  # the constraints come from pyproject.toml alone, which the s
 install_once "$VENV" lowest install_steps  # only when the environment does not match the checkout
 "$VENV/bin/python" scripts/lowest_versions.py --check
 "$VENV/bin/python" -m pytest -q -p no:cacheprovider \
-    tests/test_compat.py tests/test_hf_compat.py tests/test_env.py \
-    tests/test_backends.py tests/test_hf_parity.py tests/test_sparse_native.py \
-    tests/test_generate.py::test_greedy_steps_equal_uncached_forward \
-    tests/test_generate.py::test_static_cache_generates_what_the_dynamic_cache_does \
-    tests/test_train.py::test_each_architecture_trains_and_writes_a_hub_ready_folder \
+    tests/compat/test_compat.py tests/compat/test_hf_compat.py tests/cli/test_env.py \
+    tests/configuration/test_backends.py tests/conversion/test_hf_parity.py tests/cpu/test_sparse_native.py \
+    tests/caches/test_generate.py::test_greedy_steps_equal_uncached_forward \
+    tests/caches/test_generate.py::test_static_cache_generates_what_the_dynamic_cache_does \
+    tests/training/test_train.py::test_each_architecture_trains_and_writes_a_hub_ready_folder \
     "$@"
 OUT="$(mktemp -d)"
 trap 'rm -rf "$OUT"' EXIT

@@ -18,6 +18,12 @@ import swapformer
 from swapformer.configuration.configuration_swapformer import LAYER_TYPES
 from swapformer.modeling.cpu import sparse_native as sparse_cpu_module
 
+# fixtures kept in support modules beside this file: `reference_flash` (transformers' flash path on the CPU)
+pytest_plugins = ["flash_reference"]
+
+# The repository (tests live one folder deeper, grouped as modeling/ is) and the tests' data files
+ROOT = Path(__file__).resolve().parents[1]
+DATA = ROOT / "tests" / "data"
 ARCHS = ("encoder", "decoder", "seq2seq")
 POSITIONS = ("learned", "sinusoidal", "rope", "alibi", "relative_bias", "none")
 VOCAB = 97
@@ -110,7 +116,7 @@ def pattern_config(arch, layer_type, **overrides):
 def load_benchmark(name: str):
     """benchmarks/`name`.py as a module (its folder goes on sys.path: the benchmarks import their shared
     measure.py)."""
-    folder = Path(__file__).resolve().parents[1] / "benchmarks"
+    folder = ROOT / "benchmarks"
     if str(folder) not in sys.path:
         sys.path.insert(0, str(folder))
     spec = importlib.util.spec_from_file_location(f"{name}_benchmark", folder / f"{name}.py")
@@ -309,6 +315,19 @@ def report(request):
         print(f"\n[{request.node.name}] {label}: {value:.3e}")
 
     return _report
+
+
+@pytest.fixture(scope="module")
+def text_folder(tmp_path_factory) -> Path:
+    """Twenty stdlib modules as a `swapformer train --data` folder of text files (about 150k characters);
+    the training and packing tests train on it."""
+    from swapformer.training.corpus import stdlib_documents
+
+    folder = tmp_path_factory.mktemp("texts")
+    docs = [d for d in stdlib_documents() if 2_000 < len(d.text) < 15_000][:20]
+    for i, d in enumerate(docs):
+        (folder / f"doc{i:02d}.txt").write_text(d.text)
+    return folder
 
 
 def generate_steps(model, ids, new_tokens: int, **generate_kwargs):

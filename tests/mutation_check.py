@@ -11,7 +11,7 @@ mutant the fast tests run in a temporary copy of the repository, so nothing is e
 Usage (from the repository root; ~1-2 min per mutant on one core):
 
     OMP_NUM_THREADS=1 .venv/bin/python tests/mutation_check.py              # oracle and native-kernel tests
-    OMP_NUM_THREADS=1 .venv/bin/python tests/mutation_check.py --tests tests/test_pattern_oracle.py tests/test_patterns.py
+    OMP_NUM_THREADS=1 .venv/bin/python tests/mutation_check.py --tests tests/attention/test_pattern_oracle.py tests/attention/test_patterns.py
     OMP_NUM_THREADS=1 .venv/bin/python tests/mutation_check.py --only "global query"
 
 Exit status 1 when a mutant survives. It lives in tests/ because it measures the tests (it is not a
@@ -396,7 +396,9 @@ def run_tests(repo: Path, tests: list[str], timeout: int, extensions: Path) -> t
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument(
-        "--tests", nargs="+", default=["tests/test_pattern_oracle.py", "tests/test_sparse_native.py"]
+        "--tests",
+        nargs="+",
+        default=["tests/attention/test_pattern_oracle.py", "tests/cpu/test_sparse_native.py"],
     )
     parser.add_argument("--only", help="run the mutants whose rule or mutation contains this text")
     parser.add_argument("--timeout", type=int, default=900, help="seconds per mutant")

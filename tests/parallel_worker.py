@@ -1,4 +1,4 @@
-"""One process of tests/test_parallel.py's distributed runs (started by torchrun, gloo on CPU).
+"""One process of tests/training/test_parallel.py's distributed runs (started by torchrun, gloo on CPU).
 
     python -m torch.distributed.run --nproc_per_node=N tests/parallel_worker.py fsdp ARCH OUT.json
     python -m torch.distributed.run --nproc_per_node=N tests/parallel_worker.py tp ARCH FOLDER OUT.json
@@ -10,11 +10,15 @@ tp: `from_pretrained(FOLDER, distributed_config=DistributedConfig(tp_plan="auto"
 logits' max difference from the unsharded model and how many weights were sharded.
 tp_each: tp for every model folder ARCH-... under ROOT in one launch (starting processes is the slow part);
 rank 0 writes {folder name: tp's result plus the names of the sharded parameters, aliases included}.
+
+The tests start it with `torchrun` below (tests/training/test_parallel.py, tests/variants/test_mla.py).
 """
 
 from __future__ import annotations
 
 import json
+import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -26,6 +30,41 @@ from torch.distributed.fsdp import fully_shard
 from conftest import LM_CLASSES, build, padded_batch, tiny_config
 
 GLOBAL_BATCH, STEPS = 4, 4
+WORKER = Path(__file__).resolve()  # this file, which torchrun starts in each process
+
+
+def torchrun(world_size: int, *args, out: Path):
+    """Run this file in `world_size` processes; what rank 0 wrote to `out`. A launch that
+    dies without writing (a gloo abort, "terminate called without an active exception", seen in 1 of a few
+    dozen launches here, twice in a row once) is tried again on a fresh port, up to 4 launches; the numbers
+    themselves are never retried."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(WORKER.parent)}
+    failures = []
+    for _ in range(4):
+        cmd = [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            f"--nproc_per_node={world_size}",
+            "--rdzv-backend=c10d",
+            f"--rdzv-endpoint=localhost:{_free_port()}",
+            str(WORKER),
+            *map(str, args),
+            str(out),
+        ]
+        done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+        if done.returncode == 0:
+            return json.loads(out.read_text())
+        failures.append(done.stderr[-6000:])
+    raise AssertionError("\n---\n".join(failures))
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("localhost", 0))
+        return s.getsockname()[1]
 
 
 def global_batch(arch: str) -> dict:

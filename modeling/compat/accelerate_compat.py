@@ -1,6 +1,6 @@
 """Every place swapformer reaches into Accelerate beyond what its documentation promises.
 
-A sibling of `hf_compat.py` (transformers) and `torch_compat.py` (torch); `tests/test_compat.py` holds
+A sibling of `hf_compat.py` (transformers) and `torch_compat.py` (torch); `tests/compat/test_compat.py` holds
 one contract test per touch point and a test that no other module imports these names. Nothing in
 modeling/ imports this module: training/ does, lazily, only when the feature that needs a name is asked
 for, so an Accelerate release that drops one stops that feature alone, with a message naming the

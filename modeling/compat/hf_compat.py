@@ -1,6 +1,6 @@
 """Every place swapformer reaches into transformers beyond its public API, and every registration.
 
-Other modules import these names from here, and `tests/test_hf_compat.py` holds one contract test per
+Other modules import these names from here, and `tests/compat/test_hf_compat.py` holds one contract test per
 touch point, so a transformers upgrade that moves or changes one fails there, naming it.
 
 Registrations (into transformers' process-wide registries), under prefixed names only; registering

@@ -1,6 +1,6 @@
 """Every place swapformer reaches into torch beyond its documented public API.
 
-A sibling of `hf_compat.py` (transformers) and `accelerate_compat.py`; `tests/test_compat.py` holds one
+A sibling of `hf_compat.py` (transformers) and `accelerate_compat.py`; `tests/compat/test_compat.py` holds one
 contract test per touch point, and a test that fails when a private torch name is used in any other
 module. Each name serves a speed route that has a public fallback, so when a torch release drops one,
 `available()` says so and the route stays on torch's public path (with the reason in `swapformer env`).
@@ -24,7 +24,7 @@ Touch points:
         counts the bytes of their inner tensors)
     C++: at::native::cpublas::brgemm
         oneDNN's batch-reduce GEMM, used by the sparse backend's native kernels (cpu/csrc/sparse_native.cpp);
-        checked by building the kernels (`swapformer env`, tests/test_sparse_native.py)
+        checked by building the kernels (`swapformer env`, tests/cpu/test_sparse_native.py)
 """
 
 from __future__ import annotations

@@ -13,13 +13,13 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from hub_recorder import Hub
 from transformers import Trainer, TrainingArguments
 
 import swapformer
 from swapformer.hub_cards import publish
 
 from conftest import build, tiny_config
+from hub_recorder import Hub
 
 WRITES = ("create_repo", "create_commit")
 

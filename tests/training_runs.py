@@ -1,0 +1,46 @@
+"""The tiny `swapformer train` runs of the training tests (tests/training/test_train.py) and of the packed
+training tests (tests/attention/test_packing.py): their arguments, their command line and their losses."""
+
+from __future__ import annotations
+
+import json
+import pathlib
+
+from swapformer.training.args import TrainArgs, flag
+
+TINY_MODEL = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64)
+TINY_RUN = dict(
+    vocab_size=600,
+    seq_len=32,
+    batch_size=4,
+    max_steps=8,
+    lr=3e-3,
+    warmup_steps=1,
+    save_every=3,
+    eval_every=4,
+    max_train_chars=60_000,
+    max_val_chars=6_000,
+    val_fraction=0.15,
+)
+
+
+def tiny_args(out: pathlib.Path, data: pathlib.Path | None, **overrides) -> TrainArgs:
+    base = dict(TINY_RUN, output_dir=str(out), data=[str(data)] if data is not None else [], no_progress=True)
+    options = {**TINY_MODEL, **overrides.pop("set", {})}
+    base.update(overrides)
+    return TrainArgs(set=options, **base)
+
+
+def tiny_argv(out: pathlib.Path, data: pathlib.Path, **overrides) -> list[str]:
+    """The command-line form of tiny_args."""
+    argv = ["train", "--output-dir", str(out), "--data", str(data), "--no-progress"]
+    for name, value in {**TINY_RUN, **overrides}.items():
+        argv += [flag(name), str(value)]
+    for name, value in TINY_MODEL.items():
+        argv += ["--set", f"{name}={value}"]
+    return argv
+
+
+def losses(out: pathlib.Path) -> list[tuple[int, float]]:
+    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    return [(r["step"], r["loss"]) for r in records if "loss" in r]
