@@ -25,3 +25,18 @@ install_inputs() {
     declare -f "$1"
     (cd "$root" && cksum pyproject.toml scripts/build_backend.py scripts/lowest_versions.py)
 }
+
+# install_swapformer VENV NAME TARGET: the environment VENV (made when missing) with pip upgraded, torch
+# (TORCH_SPEC; default torch==2.13.0, whose CPU wheel pip takes instead of resolving a multi-GB CUDA build)
+# and `pip install -e TARGET`, through install_once under NAME.
+install_swapformer() {
+    INSTALL_VENV="$1" INSTALL_TARGET="$3"
+    [ -x "$INSTALL_VENV/bin/python" ] || python3 -m venv "$INSTALL_VENV"
+    install_once "$INSTALL_VENV" "$2" swapformer_steps
+}
+
+swapformer_steps() {
+    "$INSTALL_VENV/bin/python" -m pip install -q --upgrade pip
+    "$INSTALL_VENV/bin/python" -m pip install -q "${TORCH_SPEC:-torch==2.13.0}"
+    "$INSTALL_VENV/bin/python" -m pip install -q -e "$INSTALL_TARGET"
+}

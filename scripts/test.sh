@@ -9,13 +9,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV="${SWAPFORMER_VENV:-.venv}"
 source scripts/install_once.sh
-install_steps() {
-    "$VENV/bin/python" -m pip install -q --upgrade pip
-    "$VENV/bin/python" -m pip install -q "${TORCH_SPEC:-torch==2.13.0}"
-    "$VENV/bin/python" -m pip install -q -e ".[dev]"
-}
-[ -x "$VENV/bin/python" ] || python3 -m venv "$VENV"
-install_once "$VENV" test install_steps  # only when the environment does not match the checkout
+install_swapformer "$VENV" test ".[dev]"  # only when the environment does not match the checkout
 "$VENV/bin/python" -m pytest -q --durations=10 "$@"
 # With no arguments (the full suite, as .ci/run runs it) the lowest versions pyproject.toml allows are
 # tested too, in a second environment; SWAPFORMER_LOWEST=0 skips that.

@@ -9,11 +9,5 @@ set -euo pipefail
 REPO="$(cd "$(dirname "$0")/.." && pwd)"
 VENV="${SWAPFORMER_VENV:-$REPO/.venv}"
 source "$REPO/scripts/install_once.sh"
-install_steps() {
-    "$VENV/bin/python" -m pip install -q --upgrade pip
-    "$VENV/bin/python" -m pip install -q "${TORCH_SPEC:-torch==2.13.0}"
-    "$VENV/bin/python" -m pip install -q -e "$REPO"
-}
-[ -x "$VENV/bin/python" ] || python3 -m venv "$VENV"
-install_once "$VENV" train install_steps  # only when the environment does not match the checkout
+install_swapformer "$VENV" train "$REPO"  # only when the environment does not match the checkout
 exec "$VENV/bin/swapformer" train "$@"
