@@ -9,14 +9,7 @@ import torch
 
 from swapformer.modeling.compat import torch_compat
 
-from conftest import max_diff
-
-
-def every_other(x: torch.Tensor) -> torch.Tensor:
-    """The values of `x` in a view whose last-dimension stride is 2 (every other column of a wider tensor)."""
-    wide = x.new_zeros(*x.shape[:-1], 2 * x.shape[-1])
-    wide[..., ::2] = x
-    return wide[..., ::2]
+from conftest import max_diff, odd_strides
 
 
 def test_flash_cpu_reads_strided_rows_as_their_values():
@@ -25,7 +18,7 @@ def test_flash_cpu_reads_strided_rows_as_their_values():
     mask = torch.randn(2, 1, 7, 7, generator=g)
     want = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=0.3)
     for name in "qkv":
-        args = [every_other(x) if x_name == name else x for x_name, x in zip("qkv", (q, k, v))]
+        args = [odd_strides(x) if x_name == name else x for x_name, x in zip("qkv", (q, k, v))]
         assert args["qkv".index(name)].stride(-1) == 2
         out = torch_compat.flash_cpu(*args, attn_mask=mask, scale=0.3)[0]
         assert max_diff(out, want) <= 1e-5, name
@@ -37,7 +30,7 @@ def test_flash_cpu_backward_reads_strided_rows_as_their_values():
     grad = torch.randn(1, 2, 5, 8, generator=g)
     torch.nn.functional.scaled_dot_product_attention(q, k, v, scale=0.5).backward(grad)
     out, lse = torch_compat.flash_cpu(q.detach(), k.detach(), v.detach(), scale=0.5)[:2]
-    strided = [every_other(x) for x in (grad, q.detach(), k.detach(), v.detach(), out)]
+    strided = [odd_strides(x) for x in (grad, q.detach(), k.detach(), v.detach(), out)]
     got = torch_compat.flash_cpu_backward(*strided, lse, 0.0, False, scale=0.5)[:3]
     for name, mine, ref in zip(("dq", "dk", "dv"), got, (q.grad, k.grad, v.grad)):
         assert max_diff(mine, ref) <= 1e-5, name
