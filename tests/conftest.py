@@ -260,6 +260,16 @@ def route_env_fixture(module, *cached: str, env: str = "ENV"):
     return env_route
 
 
+def odd_strides(x: torch.Tensor) -> torch.Tensor:
+    """The values of `x` in a view whose last axis has stride 2 (every other column of a wider tensor,
+    like heads interleaved in a fused projection) and whose size-1 axes have stride 7 (never stepped
+    over, so any stride is valid there; torch still calls such an axis contiguous)."""
+    wide = x.new_zeros(*x.shape[:-1], 2 * x.shape[-1])
+    wide[..., ::2] = x
+    view = wide[..., ::2]
+    return view.as_strided(view.shape, [7 if n == 1 else s for n, s in zip(view.shape, view.stride())])
+
+
 def max_diff(a: torch.Tensor, b: torch.Tensor, mask: torch.Tensor | None = None) -> float:
     """max |a - b|, over the positions where `mask` (B, T) is 1 when given."""
     d = (a.float() - b.float()).abs()

@@ -8,7 +8,10 @@ module. Each name serves a speed route that has a public fallback, so when a tor
 Touch points:
     ops.aten._scaled_dot_product_flash_attention_for_cpu (+ _backward)
         the CPU flash kernel of `F.scaled_dot_product_attention`, called directly by the sparse backend
-        for its log-sum-exp output (merging segments), which the public function does not return
+        for its log-sum-exp output (merging segments), which the public function does not return. It
+        reads each row of a tensor's last dimension as contiguous memory whatever its stride says (the
+        public function checks this before choosing it); `flash_cpu` and `flash_cpu_backward` copy a
+        tensor whose last-dimension stride is not 1
     ops.mkldnn._linear_pointwise
         oneDNN's linear op, the CPU linear route (cpu/linear.py)
     _C._are_functorch_transforms_active
@@ -67,12 +70,24 @@ def available(touch_point: str) -> bool:
     return True
 
 
+def _dense_rows(args) -> list:
+    """`args` with each tensor whose last dimension is strided (q, k or v sliced along it, e.g. heads
+    interleaved in a fused projection) copied: the flash op would read its rows as contiguous memory.
+    A copy only where needed; a size-1 last dimension is read at offset 0 whatever its stride."""
+    return [
+        a.contiguous()
+        if isinstance(a, torch.Tensor) and a.dim() and a.shape[-1] > 1 and a.stride(-1) != 1
+        else a
+        for a in args
+    ]
+
+
 def flash_cpu(*args, **kwargs):
-    return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(*args, **kwargs)
+    return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(*_dense_rows(args), **kwargs)
 
 
 def flash_cpu_backward(*args, **kwargs):
-    return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(*args, **kwargs)
+    return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(*_dense_rows(args), **kwargs)
 
 
 def onednn_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:

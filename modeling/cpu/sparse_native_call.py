@@ -16,7 +16,9 @@ _VECTOR = 16  # global keys are padded to a multiple of the widest vector (16 fl
 
 
 def _last_contiguous(t: torch.Tensor) -> torch.Tensor:
-    return t if t.stride(-1) == 1 else t.contiguous()
+    """`t`, or a copy where the kernels could not read it: they read a last dimension of more than one
+    element as contiguous memory (one of size 1 has only offset 0, whatever its stride)."""
+    return t if t.shape[-1] <= 1 or t.stride(-1) == 1 else t.contiguous()
 
 
 def attend(query, key, value, layout: BlockLayout, scaling: float | None) -> torch.Tensor:

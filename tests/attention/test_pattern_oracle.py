@@ -9,7 +9,8 @@ no real token) and are left out of the comparison and of the loss.
 
 Hypothesis draws the cases (lengths, windows, block sizes, global tokens and marks, random blocks and
 seeds, padding side, packed rows, MHA/GQA/MQA, causal decoders and bidirectional encoders, cached
-steps); `derandomize=True` makes CI deterministic. eager, sdpa and sparse run every case;
+steps, and q, k, v handed to the backend as views strided along their last axis, as any caller of a
+registered attention function may); `derandomize=True` makes CI deterministic. eager, sdpa and sparse run every case;
 flash_attention_2 runs its full and sliding cases on test_packing's CPU reference kernels; flex runs
 two fixed cases (slow: it compiles). tests/mutation_check.py shows that each rule has a test here
 that fails without it.
@@ -29,7 +30,7 @@ import swapformer
 from swapformer.modeling.attention import functions as attention_module
 from swapformer.modeling.sparse import sparse as sparse_module
 
-from conftest import SPARSE_CPU_ROUTES, build, tiny_config
+from conftest import SPARSE_CPU_ROUTES, build, odd_strides, tiny_config
 from flash_reference import on_flash
 from pattern_oracle import KINDS, PatternSpec, RowLayout, allowed_rows, in_window, random_block_table
 
@@ -59,6 +60,7 @@ class Case:
     past: int = 0  # tokens cached before the step under test (decoders)
     use_marks: bool = False
     use_position_ids: bool = False
+    strided: bool = False  # every backend gets q, k, v as views strided along their last axis
 
     @property
     def length(self) -> int:
@@ -168,6 +170,7 @@ def cases(draw, cached: bool = False, focus: str | None = None):
         past=past,
         use_marks=marks,
         use_position_ids=packing,
+        strided=draw(st.booleans()),
     )
 
 
@@ -184,13 +187,15 @@ class Call:
 
 
 @contextlib.contextmanager
-def recording():
-    """Record every self-attention call of a forward; q, k and v become leaves of their own."""
+def recording(strided: bool = False):
+    """Record every self-attention call of a forward; q, k and v become leaves of their own (views
+    strided along their last axis when `strided`: `odd_strides`)."""
     calls: list[Call] = []
     original = attention_module.call_attention
+    restride = odd_strides if strided else (lambda x: x)
 
     def record(fn, backend, kind, module, q, k, v, mask, **kwargs):
-        q, k, v = (x.detach().requires_grad_(torch.is_grad_enabled()) for x in (q, k, v))
+        q, k, v = (restride(x.detach()).requires_grad_(torch.is_grad_enabled()) for x in (q, k, v))
         out, weights = original(fn, backend, kind, module, q, k, v, mask, **kwargs)
         calls.append(Call(module, q, k, v, out))
         return out, weights
@@ -259,7 +264,7 @@ def check_uncached(case: Case, backends=BACKENDS, grads=True):
             on_flash(model)  # CPU reference kernels (flash_reference.py), no CUDA check
         else:
             model.set_attn_implementation(backend)
-        with torch.set_grad_enabled(grads), recording() as calls:
+        with torch.set_grad_enabled(grads), recording(case.strided) as calls:
             model(**inputs)
         assert len(calls) == len(case.layer_types)
         for layer_type, call in zip(case.layer_types, calls):
@@ -280,7 +285,7 @@ def check_cached_step(case: Case, backends=BACKENDS):
             prompt = {name: x[:, :p] for name, x in inputs.items()}
             cache = model(**prompt, use_cache=True).cache
             step = {name: x if name != "input_ids" else x[:, p:] for name, x in inputs.items()}
-            with recording() as calls:
+            with recording(case.strided) as calls:
                 model(**step, cache=cache, use_cache=True)
         for layer_type, call, full in zip(case.layer_types, calls, whole):
             assert diff(call.q, full.q[:, :, p:]) <= OUT_TOL  # the same queries at the same positions
@@ -458,13 +463,13 @@ def test_bigbird_padded_row_equals_the_row_alone(causal, side):
 
 @pytest.mark.slow
 @pytest.mark.parametrize(
-    "causal, layer_types, padding, packing",
+    "causal, layer_types, padding, packing, strided",
     [
-        (True, ["bigbird_attention", "sliding_global_attention"], "left", False),
-        (False, ["sliding_global_attention", "bigbird_attention"], "right", True),
+        (True, ["bigbird_attention", "sliding_global_attention"], "left", False, False),
+        (False, ["sliding_global_attention", "bigbird_attention"], "right", True, True),
     ],
 )
-def test_flex_equals_the_oracle(causal, layer_types, padding, packing):
+def test_flex_equals_the_oracle(causal, layer_types, padding, packing, strided):
     """flex_attention compiles on CPU (slow): two fixed cases, forward only (flex has no CPU backward)."""
     g = __import__("random").Random(7)
     length = 24
@@ -489,6 +494,7 @@ def test_flex_equals_the_oracle(causal, layer_types, padding, packing):
         rows=rows,
         use_marks=True,
         use_position_ids=packing,
+        strided=strided,
     )
     try:
         check_uncached(case, backends=["flex_attention"], grads=False)

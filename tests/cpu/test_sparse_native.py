@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from dataclasses import replace
 
 import pytest
 import torch
@@ -25,6 +26,7 @@ from conftest import (
     build,
     cached_step_diffs,
     max_diff,
+    odd_strides,
     padded_batch,
     pattern_config,
     route_env_fixture,
@@ -52,17 +54,18 @@ def test_native_kernels_build_here():
 @st.composite
 def layers(draw):
     """One sparse layer's pattern and inputs: batch 1-3 with padding on either side, heads with GQA,
-    head dims that do and do not fill a vector, blocks of 8-96 rows (96: two row tiles), windows,
-    causal or not, 0-20 leading global tokens per row (up to two vectors of global keys), a cached
-    chunk (queries after earlier keys), and a per-head position bias."""
+    head dims that do and do not fill a vector, blocks of 1-96 rows (96: two row tiles; 1 with windows
+    of 1-3: masks one key wide), windows, causal or not, 0-20 leading global tokens per row (up to two
+    vectors of global keys), a cached chunk (queries after earlier keys), a per-head position bias, and
+    whether q, k, v and the masks are strided views (`odd_strides`)."""
     batch = draw(st.integers(1, 3))
     kv_heads, groups = draw(st.sampled_from([(1, 1), (2, 1), (2, 2), (1, 4)]))
     head_dim = draw(st.sampled_from([8, 16, 24, 64, 80]))
-    block = draw(st.sampled_from([8, 16, 64, 96]))
+    block = draw(st.sampled_from([1, 8, 16, 64, 96]))
     length = draw(st.integers(1, 260))
     past = draw(st.sampled_from([0, 0, 7, 150]))  # 150: the bands start past key 0
     causal = draw(st.booleans())
-    window = draw(st.integers(1, 90))
+    window = draw(st.integers(1, 90 if block > 1 else 3))
     total = past + length
     key_valid = torch.ones(batch, total, dtype=torch.bool)
     for row in range(batch):
@@ -102,22 +105,26 @@ def layers(draw):
         **extra,
     )
     seed = draw(st.integers(0, 2**16))
-    return pattern, kv_heads, groups, head_dim, seed
+    return pattern, kv_heads, groups, head_dim, seed, draw(st.booleans())
 
 
 @needs_native
-@settings(max_examples=80, deadline=None, derandomize=True)
+@settings(max_examples=200, deadline=None, derandomize=True)
 @given(case=layers())
 def test_native_equals_dense_sdpa_and_the_pytorch_path(case):
     """On every drawn layer the native kernels' output equals SDPA with the pattern's dense additive
     mask on rows that see a key (1e-5), and the PyTorch path's everywhere (rows without any key: 0
-    on both)."""
-    pattern, kv_heads, groups, head_dim, seed = case
+    on both); also when q, k, v and the layout's masks are strided views."""
+    pattern, kv_heads, groups, head_dim, seed, strided = case
     gen = torch.Generator().manual_seed(seed)
     heads, t, s = kv_heads * groups, pattern.query_length, pattern.key_length
     q = torch.randn(pattern.batch, heads, t, head_dim, generator=gen)
     k, v = (torch.randn(pattern.batch, kv_heads, s, head_dim, generator=gen) for _ in range(2))
     layout = lower(pattern, "sparse", torch.float32)
+    if strided:
+        q, k, v = (odd_strides(x) for x in (q, k, v))
+        masks = {name: getattr(layout, name) for name in ("mask", "global_key_mask", "global_mask")}
+        layout = replace(layout, **{name: odd_strides(m) for name, m in masks.items() if m is not None})
     with torch.no_grad():
         with swapformer.sparse_cpu("native"):
             native = sparse.sparse_attention_forward(None, q, k, v, layout)[0]

@@ -34,7 +34,9 @@ constexpr int64_t kKeys = 256;  // keys per step of global_rows
 void check(const at::Tensor& t, int64_t dim, const char* name) {
   TORCH_CHECK(t.device().is_cpu() && t.scalar_type() == at::kFloat, name, " must be a float32 CPU tensor");
   TORCH_CHECK(t.dim() == dim, name, " must have ", dim, " dimensions, got ", t.dim());
-  TORCH_CHECK(t.size(dim - 1) == 0 || t.stride(dim - 1) == 1, name, "'s last dimension must be contiguous");
+  // A last dimension of size 0 or 1 is read at offset 0 only, so its stride does not matter (torch calls
+  // such a tensor contiguous whatever that stride is, and a mask one key wide arrives with any).
+  TORCH_CHECK(t.size(dim - 1) <= 1 || t.stride(dim - 1) == 1, name, "'s last dimension must be contiguous");
 }
 
 // scale * row + mask over `n` columns, in place; returns the row's maximum.
