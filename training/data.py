@@ -147,12 +147,13 @@ def prepare_data(args: TrainArgs, accelerator, out: pathlib.Path, fresh: bool) -
     tokenizer and packs the blocks; if that fails, every process raises its error. Only then does it
     create the output folder of a fresh run (tokenizer and training_args.json), from which the other
     processes read the tokenizer."""
+    given = _given_tokenizer(args) if fresh else None  # a bad --tokenizer fails before the documents are read
     splits = _read_documents(args, accelerator)
     data, error = None, None
     if accelerator.is_main_process:
         try:
             with tempfile.TemporaryDirectory() as scratch:
-                tokenizer = _run_tokenizer(args, out, fresh, splits[1], scratch, accelerator)
+                tokenizer = _run_tokenizer(args, out, fresh, given, splits[1], scratch, accelerator)
                 with stage(
                     accelerator, "tokenizing", f"the splits into blocks of {args.seq_len} tokens"
                 ) as told:
@@ -185,23 +186,31 @@ def _read_documents(args: TrainArgs, accelerator) -> tuple[str, list, list, list
     return corpus_name, train, val, test
 
 
+def _given_tokenizer(args: TrainArgs):
+    """The tokenizer --tokenizer names (loaded in every process: cheap, and each raises the same error),
+    or None when the run trains its own."""
+    if args.tokenizer is None:
+        return None
+    try:
+        return load_tokenizer(args.tokenizer, args.arch)
+    except TrainArgumentError:
+        raise
+    except (OSError, ValueError) as e:  # what transformers raises for a folder it cannot read
+        raise TrainArgumentError(
+            f"--tokenizer {args.tokenizer!r} is not a saved tokenizer folder ({e}); give a folder written "
+            "by save_pretrained, or omit --tokenizer to train one"
+        ) from e
+
+
 def _run_tokenizer(
-    args: TrainArgs, out: pathlib.Path, fresh: bool, train_docs: list, scratch: str, accelerator
+    args: TrainArgs, out: pathlib.Path, fresh: bool, given, train_docs: list, scratch: str, accelerator
 ):
     """The run's tokenizer as every process will read it back from the output folder: a fresh one
-    (trained, or --tokenizer) goes through save_pretrained and load_tokenizer in `scratch` first."""
+    (`given` by --tokenizer, or trained) goes through save_pretrained and load_tokenizer in `scratch` first."""
     if not fresh:
         return load_tokenizer(str(out), args.arch)
-    if args.tokenizer is not None:
-        try:
-            tokenizer = load_tokenizer(args.tokenizer, args.arch)
-        except TrainArgumentError:
-            raise
-        except (OSError, ValueError) as e:  # what transformers raises for a folder it cannot read
-            raise TrainArgumentError(
-                f"--tokenizer {args.tokenizer!r} is not a saved tokenizer folder ({e}); give a folder written "
-                "by save_pretrained, or omit --tokenizer to train one"
-            ) from e
+    if given is not None:
+        tokenizer = given
     else:
         chars = sum(len(d.text) for d in train_docs)
         detail = f"byte-level BPE of {args.vocab_size} tokens on {chars:,} characters of the training split"

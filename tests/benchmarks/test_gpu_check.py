@@ -9,7 +9,6 @@ import subprocess
 import sys
 
 import pytest
-import torch
 
 from conftest import ROOT
 
@@ -24,11 +23,10 @@ def test_without_cuda_it_skips_cleanly():
 
 
 @pytest.mark.slow
-def test_cpu_dry_run_agrees_with_eager(capsys):
+def test_cpu_dry_run_agrees_with_eager(capsys, one_thread):
     sys.path.insert(0, str(SCRIPT.parent))
     import gpu_check
 
-    torch.set_num_threads(1)
     assert gpu_check.main(["--device", "cpu", "--length", "128", "--context", "64"]) == 0
     out = capsys.readouterr().out
     rows = re.findall(r"\| (\w+) \| (\w+) \| ([0-9.e+-]+) \| [0-9.]+ \|", out)
