@@ -24,9 +24,9 @@ With --globals the pair also runs in a child process whose glibc keeps freed mem
 page then costs a page fault and zero-filling when first written. LongformerModel takes several
 million such faults per forward at 4096 tokens, swapformer thousands, so the ratio depends
 on the allocator; both are printed, with the faults per forward. swapformer's linear layers run on
-its CPU linear route (modeling/linear.py: oneDNN where torch reports AVX-512, where torch's MKL route
-leaves it unused on AMD CPUs) and its sparse attention on the native CPU kernels where they apply
-(modeling/sparse_native.py); --globals also times swapformer on torch's routes for both (what "auto"
+its CPU linear route (modeling/cpu/linear.py: oneDNN on AMD CPUs with AVX-512, where torch's MKL route
+leaves AVX-512 unused) and its sparse attention on the native CPU kernels where they apply
+(modeling/cpu/sparse_native.py); --globals also times swapformer on torch's routes for both (what "auto"
 picks without AVX-512), the layer's cores on the PyTorch sparse path, and Longformer with its linear
 layers on the same oneDNN op, so that the table says how much of each ratio the routes make.
 """
@@ -286,7 +286,7 @@ def globals_table(n: int = 8192, counts=(0, 1, 16), rounds: int = 3) -> None:
     """The cost of global tokens: one layer at `n` tokens with 0, 1 and 16 global tokens, every time
     measured interleaved with the others of its row (see measure.interleaved), and the encoder row."""
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, fp32; CPU: {cpu_model()}")
-    print(f"sparse CPU route: {swapformer.sparse_cpu_route()} (modeling/sparse_native.py)")
+    print(f"sparse CPU route: {swapformer.sparse_cpu_route()} (modeling/cpu/sparse_native.py)")
     print(f"uptime before: {uptime()}\n")
     print(
         f"One attention layer ({HEADS} heads x {HEAD_DIM}, batch 1, bidirectional), {n} tokens, window +-{WINDOW - 1} "
@@ -389,7 +389,7 @@ def globals_table(n: int = 8192, counts=(0, 1, 16), rounds: int = 3) -> None:
 @contextlib.contextmanager
 def linears_on_onednn(model: torch.nn.Module):
     """`model`'s nn.Linear layers call the oneDNN op of swapformer's Linear inside the block (for
-    transformers' models: attributes the speed-up of swapformer's CPU linear route, modeling/linear.py)."""
+    transformers' models: attributes the speed-up of swapformer's CPU linear route, modeling/cpu/linear.py)."""
     layers = [m for m in model.modules() if type(m) is torch.nn.Linear]
     for m in layers:
         m.forward = lambda x, m=m: linear(x, m.weight, m.bias)

@@ -1,5 +1,5 @@
 """fp32 linear layers on CPU: torch's route (MKL sgemm) against the oneDNN route of swapformer's
-`Linear` (modeling/linear.py), side by side in one process.
+projections (`project`, modeling/cpu/routes.py and linear.py), side by side in one process.
 
     python benchmarks/cpu_linear.py            # about 3 minutes on 2 cores
     python benchmarks/cpu_linear.py --quick    # small shapes and models only (a smoke run)

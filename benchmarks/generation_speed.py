@@ -9,8 +9,8 @@ in turn, several rounds, and each keeps its best time. Peak memory is the growth
 during one generate() call, measured in a child process of this run with MALLOC_MMAP_THRESHOLD_=65536
 so that freed buffers go back to the system at once.
 
-"swapformer" is the model as it comes: its linear layers on its CPU linear route (modeling/linear.py:
-oneDNN where torch reports AVX-512; the route in force is printed) and `model.decoding_copies="auto"`.
+"swapformer" is the model as it comes: its linear layers on its CPU linear route (modeling/cpu/linear.py:
+oneDNN on AMD CPUs with AVX-512, torch's MKL elsewhere; the route in force is printed) and `model.decoding_copies="auto"`.
 On torch's own route (MKL) swapformer decodes faster on input-major copies of its wide and square
 matrices, lent to the modules for the generate() call (`DecodingWeights`, docs/architecture.md, decision 9), which
 "auto" makes there; so the table also times torch's route with the copies, with a copy of the LM head
