@@ -196,13 +196,17 @@ def cpu_linear(route: str):
 # The seam of the linear route ----------------------------------------------------------------------------
 
 
+def _onednn_route() -> bool:
+    """Whether the linear route is "onednn" here: never while compiling (asked first: the switch's context
+    variable is not traceable). Read before anything else, so where the route is "torch" a call reads
+    nothing more."""
+    return not torch.compiler.is_compiling() and cpu_linear_route() == "onednn"
+
+
 def onednn_in_force(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> bool:
-    """Whether `F.linear(x, weight, bias)` runs on oneDNN: the route is "onednn" (checked first, so
-    where it is "torch" nothing else is read) and it applies to this call (linear.py). Never while
-    compiling (asked first: the switch's context variable is not traceable)."""
-    if torch.compiler.is_compiling():
-        return False
-    return cpu_linear_route() == "onednn" and onednn_applies(x, weight, bias)
+    """Whether `F.linear(x, weight, bias)` runs on oneDNN: the route is "onednn" and it applies to this
+    call (linear.py)."""
+    return _onednn_route() and onednn_applies(x, weight, bias)
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
@@ -214,12 +218,8 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
 
 def project(module: nn.Module, x: torch.Tensor) -> torch.Tensor:
     """`module(x)`, on oneDNN where the route is in force for a plain `nn.Linear` (linear.py): the one
-    seam through which swapformer's layers call their projections and heads."""
-    if (
-        not torch.compiler.is_compiling()  # first: the switch's context variable is not traceable
-        and cpu_linear_route() == "onednn"
-        and plain_linear(module)
-        and onednn_applies(x, module.weight, module.bias)
-    ):
+    seam through which swapformer's layers call their projections and heads. The module is looked at
+    after the route (a hooked or wrapped one may have no plain weight to read)."""
+    if _onednn_route() and plain_linear(module) and onednn_applies(x, module.weight, module.bias):
         return onednn_linear(x, module.weight, module.bias)
     return module(x)
