@@ -31,22 +31,35 @@ def layer_pattern(
             query_pos=torch.arange(query_offset, total)[None].expand(batch, -1),
             key_pos=positions,
         )
+    valid = key_valid if padding != "none" else None
+    glob = glob if any(globals_per_row) else None
+    more = dict(past=query_offset, key_offset=key_offset, slots=slots, query_globals=not key_offset)
+    return sparse_layer_pattern(batch, length, causal, 5, 8, valid, glob, **more, **bias_kw)
+
+
+def sparse_layer_pattern(
+    batch, length, causal, window, block_size, key_valid, glob, past=0, key_offset=0, slots=0, **more
+) -> AttentionPattern:
+    """A CPU window layer's pattern over `past` cached and `length` new tokens: `glob` (batch, keys) marks
+    the global keys (None: a plain window layer), and the same tokens are global queries unless
+    `query_globals=False`; keys start at `key_offset` and end with `slots` empty static-cache slots.
+    The rest of `more` (a position bias) goes to the pattern as it is."""
+    total = past + length
+    query_globals = more.pop("query_globals", True) and glob is not None
     return AttentionPattern(
-        kind="sliding_global" if any(globals_per_row) else "sliding",
+        kind="sliding" if glob is None else "sliding_global",
         causal=causal,
         batch=batch,
-        query_offset=query_offset,
+        query_offset=past,
         query_length=length,
         key_offset=key_offset,
-        key_length=keys,
+        key_length=total - key_offset + slots,
         total_length=total,
         device=torch.device("cpu"),
-        window=5,
-        block_size=8,
-        key_valid=key_valid if padding != "none" else None,
-        global_keys=glob if any(globals_per_row) else None,
-        global_queries=glob[:, query_offset - key_offset :]
-        if any(globals_per_row) and not key_offset
-        else None,
-        **bias_kw,
+        window=window,
+        block_size=block_size,
+        key_valid=key_valid,
+        global_keys=glob,
+        global_queries=glob[:, past - key_offset :] if query_globals else None,
+        **more,
     )

@@ -17,7 +17,6 @@ from hypothesis import strategies as st
 
 import swapformer
 from swapformer.modeling.attention.lowering import lower
-from swapformer.modeling.attention.masks import AttentionPattern
 from swapformer.modeling.cpu import sparse_native
 from swapformer.modeling.sparse import sparse as sparse
 
@@ -31,6 +30,7 @@ from conftest import (
     pattern_config,
     route_env_fixture,
 )
+from pattern_cases import layer_pattern, sparse_layer_pattern
 
 needs_native = pytest.mark.skipif(
     "native" not in SPARSE_CPU_ROUTES,
@@ -87,23 +87,8 @@ def layers(draw):
             query_pos=positions[:, past:],
             key_pos=positions,
         )
-    pattern = AttentionPattern(
-        kind="sliding_global" if bool(glob.any()) else "sliding",
-        causal=causal,
-        batch=batch,
-        query_offset=past,
-        query_length=length,
-        key_offset=0,
-        key_length=total,
-        total_length=total,
-        device=torch.device("cpu"),
-        window=window,
-        block_size=block,
-        key_valid=key_valid,
-        global_keys=glob if bool(glob.any()) else None,
-        global_queries=glob[:, past:] if bool(glob.any()) else None,
-        **extra,
-    )
+    glob = glob if bool(glob.any()) else None
+    pattern = sparse_layer_pattern(batch, length, causal, window, block, key_valid, glob, past=past, **extra)
     seed = draw(st.integers(0, 2**16))
     return pattern, kv_heads, groups, head_dim, seed, draw(st.booleans())
 
@@ -150,7 +135,6 @@ def test_native_kernels_serve_exactly_the_documented_calls(monkeypatch):
     monkeypatch.setattr(
         sparse, "sparse_native_attend", lambda *a, **kw: calls.append(1) or real_attend(*a, **kw)
     )
-    from pattern_cases import layer_pattern
 
     layout = lower(layer_pattern(False, "right", [2, 3]), "sparse", torch.float32)
     q = torch.randn(2, 4, 45, 8, requires_grad=True)
@@ -225,7 +209,6 @@ def test_a_failed_build_warns_under_auto_and_raises_under_native(env_route, monk
     monkeypatch.setattr(sparse_native, "_built", None)
     monkeypatch.setattr(sparse_native, "_missing", lambda: None)
     monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: "AVX512")
-    from pattern_cases import layer_pattern
 
     layout = lower(layer_pattern(True, "left", [1, 2]), "sparse", torch.float32)
     q, k, v = torch.randn(2, 4, 45, 8), torch.randn(2, 4, 45, 8), torch.randn(2, 4, 45, 8)

@@ -19,6 +19,7 @@ from swapformer.modeling.attention.masks import AttentionPattern
 from swapformer.modeling.sparse.sparse import sparse_attention_forward
 
 from conftest import SPARSE_CPU_ROUTES, build, generate_steps, max_diff, padded_batch, pattern_config
+from pattern_cases import sparse_layer_pattern
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -93,22 +94,7 @@ def global_pattern(batch, length, causal, window) -> AttentionPattern:
     key_valid[-1, -3:] = False
     glob = torch.zeros(batch, length, dtype=torch.bool)
     glob[:, :2] = True
-    return AttentionPattern(
-        kind="sliding_global",
-        causal=causal,
-        batch=batch,
-        query_offset=0,
-        query_length=length,
-        key_offset=0,
-        key_length=length,
-        total_length=length,
-        device=torch.device("cpu"),
-        window=window,
-        block_size=4,
-        key_valid=key_valid,
-        global_keys=glob,
-        global_queries=glob,
-    )
+    return sparse_layer_pattern(batch, length, causal, window, 4, key_valid, glob)
 
 
 # (batch, kv heads) of 4 query heads. With one row, no GQA, a window of 1 and whole blocks, the PyTorch
