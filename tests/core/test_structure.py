@@ -4,6 +4,7 @@ over 300 lines (a newcomer reads one in a sitting)."""
 from __future__ import annotations
 
 import ast
+import re
 import subprocess
 from pathlib import Path
 
@@ -20,6 +21,10 @@ def library_modules() -> dict[str, Path]:
         if parts[0] in PACKAGES:
             name = ".".join([PACKAGES[parts[0]], *parts[1:]]).removesuffix(".__init__")
             modules[name] = ROOT / file
+    # the top-level modules the wheel installs beside the package (the console script)
+    listed = re.search(r"^py-modules = \[(.*)\]", (ROOT / "pyproject.toml").read_text(), re.M).group(1)
+    for name in re.findall(r'"([\w.]+)"', listed):
+        modules[name] = ROOT / f"{name}.py"
     return modules
 
 
@@ -88,6 +93,10 @@ def test_the_cycle_probe_finds_a_cycle():
         "p.g": ("from .f import w\n", False),
     }
     assert cycles(import_graph(sources)) == [["p.a", "p.b", "p.a"], ["p.c", "p.d", "p.c"]]
+
+
+def test_the_library_includes_the_console_script_module():
+    assert library_modules()["swapformer_command"].is_file()
 
 
 def test_no_library_module_is_much_over_300_lines():
