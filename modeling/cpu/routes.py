@@ -24,6 +24,7 @@ from torch import nn
 
 from ..compat.torch_compat import available, onednn_linear
 from .linear import onednn_applies, plain_linear
+from .mlp import chunked
 
 ENV = "SWAPFORMER_CPU_ROUTES"
 SWITCH = ("on", "off")
@@ -223,3 +224,34 @@ def project(module: nn.Module, x: torch.Tensor) -> torch.Tensor:
     if _onednn_route() and plain_linear(module) and onednn_applies(x, module.weight, module.bias):
         return onednn_linear(x, module.weight, module.bias)
     return module(x)
+
+
+# Without gradients the MLP runs this many bytes of intermediate activations at a time: glibc hands
+# larger blocks out as fresh mappings, so a whole (T, intermediate) activation page-faults and is
+# zero-filled by the kernel on every layer (measured: about as long as the GELU itself, and not spread
+# over threads). The chunks are equal, and plain `nn.Linear` projections on torch's route write into
+# buffers allocated once per call and reused by every chunk: fresh chunk-sized outputs fault too
+# whenever glibc has trimmed its heap (a gated BERT-base MLP at 4096 tokens: 36,737 faults per call
+# against 5,124, 9% slower; benchmarks/mlp_chunks.py). On the oneDNN route, whose op takes no output
+# buffer, each chunk calls the projections through `project`. A model with forward hooks on its
+# projections runs the MLP in one plain pass, so hooks see one call with the whole output. An MLP whose
+# activations fit in one chunk is the plain expression (cpu_mlp): nothing to chunk, and so no hook
+# to look for on the path every short input and decoding step takes.
+MLP_CHUNK_BYTES = 16 * 2**20
+
+
+def cpu_mlp(mlp: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """`mlp.compute(x, mlp.act_fn)` (layers.MLP): the seam of MLP row chunking (mlp.py), entered only
+    without gradients, outside torch.compile, for plain tensors, with the routes on and activations
+    over one chunk (`MLP_CHUNK_BYTES`)."""
+    if (
+        torch.compiler.is_compiling()  # first: the switch's context variable is not traceable
+        or torch.is_grad_enabled()
+        or not cpu_routes_on()
+        or type(x) is not torch.Tensor
+    ):
+        return mlp.compute(x, mlp.act_fn)
+    activations = x.numel() // x.shape[-1] * mlp.up_proj.out_features * x.element_size()
+    if activations <= MLP_CHUNK_BYTES:
+        return mlp.compute(x, mlp.act_fn)
+    return chunked(mlp, x, MLP_CHUNK_BYTES, onednn_in_force)

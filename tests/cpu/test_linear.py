@@ -10,7 +10,6 @@ import torch.nn.functional as F
 from torch import nn
 
 import swapformer
-from swapformer.modeling.cpu import mlp as mlp_module
 from swapformer.modeling.cpu import routes as routes_module
 from swapformer.modeling.cpu.routes import cpu_linear, cpu_linear_route, project
 from swapformer.modeling.cpu.weight_copies import DecodingWeights, input_major_copy
@@ -292,7 +291,7 @@ def test_mlp_row_chunks_on_the_onednn_route(monkeypatch):
     x = torch.randn(2, 37, config.hidden_size)
     with torch.enable_grad():
         whole = mlp(x).detach()
-    monkeypatch.setattr(mlp_module, "MLP_CHUNK_BYTES", 5 * config.intermediate_size * x.element_size())
+    monkeypatch.setattr(routes_module, "MLP_CHUNK_BYTES", 5 * config.intermediate_size * x.element_size())
     with torch.no_grad(), cpu_linear("onednn"):
         ops = ops_run(lambda: mlp(x))
         chunked = mlp(x)
