@@ -16,7 +16,7 @@ import pytest
 import torch
 
 import swapformer
-from swapformer.modeling.cpu import mlp, routes, weight_copies
+from swapformer.modeling.cpu import mlp, route_choice, routes, weight_copies
 from swapformer.modeling.cpu.weight_copies import DecodingWeights
 from swapformer.modeling.sparse import sparse as sparse
 
@@ -134,7 +134,7 @@ def test_a_wrong_switch_is_refused_where_it_is_given(env_switch):
         build(swapformer.EncoderModel, pattern_config("encoder", "full_attention"))  # when the model is built
 
 
-@pytest.mark.skipif(not routes._onednn_available(), reason="this torch build has no oneDNN linear op")
+@pytest.mark.skipif(not route_choice.onednn_available(), reason="this torch build has no oneDNN linear op")
 def test_the_environment_turns_every_route_off_in_a_fresh_process():
     """SWAPFORMER_CPU_ROUTES=off wins over SWAPFORMER_CPU_LINEAR=onednn, from the first call."""
     code = (
