@@ -6,11 +6,11 @@ heads, D head dim.
 The encoder, the decoder and both halves of the encoder-decoder are the same stack (stack.py) of the
 same `Block`s with two switches: causal self-attention, and cross-attention. The stack makes the
 forward's plan (plan.py); a block's attention projects, rotates, appends to the cache and calls the
-attention function its `LayerPlan` holds, with the mask lowered for it. Variants subclass `Attention`
-in their own modules and are chosen once, when the stack is built (stack.attention_class): streaming
-sinks (sinks.py), Longformer's global projections (global_rows.py), Linformer (linformer.py);
-multi-head latent attention (mla.py) subclasses `AttentionBase`. Learned sinks are a parameter and
-the backend call that folds them in (sinks.run_with_sinks), chosen in `Attention.__init__`.
+attention function its `LayerPlan` holds, with the mask lowered for it (`run_backend`, `call_attention`).
+Variants subclass `Attention` in their own modules and are chosen once, when the stack is built
+(variants/attention_choice.py): streaming sinks, Longformer's global projections, Linformer,
+cross-attention; multi-head latent attention (mla.py) subclasses `AttentionBase`. Learned sinks are a
+parameter and the backend call that folds them in (sinks.run_with_sinks), chosen in `Attention.__init__`.
 """
 
 from __future__ import annotations
@@ -234,7 +234,7 @@ class Attention(AttentionBase):
 
 class Block(GradientCheckpointingLayer):
     """Self-attention, optional cross-attention, MLP; each a residual branch, pre- or post-norm.
-    `attention` is the self-attention class the stack chose for this layer (stack.attention_class),
+    `attention` is the self-attention class the stack chose for this layer (attention_choice.py),
     `cross_attention` the cross-attention class of a seq2seq decoder (variants/cross_attention.py)."""
 
     def __init__(
