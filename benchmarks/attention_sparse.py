@@ -49,7 +49,8 @@ import swapformer
 from swapformer.modeling.attention.functions import eager_attention_forward
 from swapformer.modeling.attention.lowering import lower
 from swapformer.modeling.attention.masks import AttentionPattern
-from swapformer.modeling.cpu.routes import cpu_info, linear
+from swapformer.modeling.cpu.route_choice import cpu_info
+from swapformer.modeling.cpu.routes import linear
 from swapformer.modeling.sparse.bigbird import random_layouts
 from swapformer.modeling.sparse.sparse import sparse_attention_forward
 

@@ -31,7 +31,7 @@ from transformers import AutoModel, AutoTokenizer, BertModel
 from transformers.utils import logging
 
 from swapformer.conversion import convert
-from swapformer.modeling.cpu.routes import cpu_info
+from swapformer.modeling.cpu.route_choice import cpu_info
 
 TEXT = (
     "Longformer copied the learned position table of RoBERTa eight times to reach 4096 positions, "

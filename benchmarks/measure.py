@@ -108,7 +108,9 @@ def add_size_arguments(parser, **defaults: int) -> None:
 
 def machine() -> str:
     """The CPU model, core count and load average (1 / 5 / 15 min), printed with every table."""
-    from swapformer.modeling.cpu.routes import cpu_info  # here: the timing helpers above stay import-light
+    from swapformer.modeling.cpu.route_choice import (
+        cpu_info,  # here: the timing helpers above stay import-light
+    )
 
     cpu = cpu_info("model name") or "unknown CPU"
     load = os.getloadavg()

@@ -28,7 +28,7 @@ from torch import nn
 
 import swapformer
 from swapformer.modeling.core import layers as layers
-from swapformer.modeling.cpu import mlp as chunking
+from swapformer.modeling.cpu import routes as chunking
 
 
 class Wrapped(nn.Module):

@@ -30,7 +30,7 @@ import time
 
 import torch
 
-from swapformer.modeling.cpu.routes import cpu_info
+from swapformer.modeling.cpu.route_choice import cpu_info
 from swapformer.training import data as data_mod
 from swapformer.training.args import TrainArgs
 from swapformer.training.model import build_model, model_options

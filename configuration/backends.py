@@ -207,7 +207,7 @@ def compiles(backend: str, kind: str, device: str) -> bool:
 
 
 # The facts `check_backend_for_forward` checks, as sets a forward reads without calling into this module
-# (modeling/attention/functions.py: check_backend_for_batch); the refusal and its words stay above.
+# (modeling/core/layers.py: check_backend_for_batch); the refusal and its words stay above.
 TRAINS_ON = frozenset((name, device) for name, caps in BACKENDS.items() for device in caps.backward)
 APPLIES_DROPOUT = frozenset(name for name, caps in BACKENDS.items() if caps.dropout)
 COMPILES_ON = frozenset(

@@ -112,13 +112,13 @@ def _machine() -> dict:
 
 
 def _cpu_model() -> str:
-    from .modeling.cpu.routes import cpu_info
+    from .modeling.cpu.route_choice import cpu_info
 
     return cpu_info("model name") or platform.processor() or "unknown"
 
 
 def _cpu_vendor() -> str:
-    from .modeling.cpu.routes import cpu_vendor
+    from .modeling.cpu.route_choice import cpu_vendor
 
     return cpu_vendor() or "unknown"
 

@@ -16,24 +16,22 @@ FlashAttention do, rather than the uniform average a plain softmax would give.
 are transformers' own functions, fed with swapformer's masks; `sparse` (sparse.py) and `sdpa_fa`
 (here) are registered with transformers by hf_compat.py. What each backend can do is the capability
 table (configuration/backends.py); the checks here only gather the torch facts it is checked against.
-This module knows nothing of layers.
+This module knows nothing of layers. A forward reaches a backend through its plan (core/plan.py lowers
+the mask, core/layers.py calls the function), so a forward on sdpa runs nothing here.
 """
 
 from __future__ import annotations
+
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ...configuration.backends import (
-    APPLIES_DROPOUT,
-    COMPILES_ON,
-    TRAINS_ON,
-    check_backend_available,
-    check_backend_for_forward,
-)
-from .lowering import LOWERINGS
-from .masks import AttentionPattern
+from ...configuration.backends import check_backend_available
+
+if TYPE_CHECKING:
+    from .masks import AttentionPattern
 
 
 def repeat_kv(x: torch.Tensor, groups: int) -> torch.Tensor:
@@ -141,55 +139,10 @@ def check_backend_for_model(name: str, model: nn.Module, is_init_check: bool = F
     check_backend_available(name, model.config, cuda=torch.cuda.is_available(), weight_devices=devices)
 
 
-def check_backend_for_batch(backend: str, kind: str, module: nn.Module, device: torch.device) -> None:
-    """The checks of `check_backend_for_forward` for one layer kind of `module`'s forward on `device`,
-    read from the table's sets (`TRAINS_ON`, ...); the table's refusal is raised when one fails."""
-    training, compiling = module.training, torch.compiler.is_compiling()
-    grads = training and torch.is_grad_enabled()
-    dropout = training and module.config.attention_dropout > 0
-    if (
-        (grads and (backend, device.type) not in TRAINS_ON)
-        or (dropout and backend not in APPLIES_DROPOUT)
-        or (compiling and (backend, kind, device.type) not in COMPILES_ON)
-    ):
-        check_backend_for_forward(
-            backend,
-            kind,
-            module.config,
-            device.type,
-            training=training,
-            needs_grad=torch.is_grad_enabled(),
-            compiling=compiling,
-        )
-
-
 @torch.compiler.disable
 def run_uncompiled(fn, *args, **kwargs):
     """`fn(*args, **kwargs)` outside torch.compile: dynamo skips this frame and every frame it calls."""
     return fn(*args, **kwargs)
-
-
-def call_attention(fn, backend: str, kind: str, module: nn.Module, *args, **kwargs):
-    """Run attention function `fn` of `backend`. Inside torch.compile, a backend the capability table
-    says cannot compile on this device fails with a message naming it (fullgraph=True, export); when
-    compile falls back to eager for that (fullgraph=False), the call runs uncompiled, e.g. flex on CPU
-    with its own standalone-compiled kernel, as an uncompiled model runs it."""
-    device = args[0].device  # the query
-    if torch.compiler.is_compiling():
-        check_backend_for_batch(backend, kind, module, device)
-    if (backend, kind, device.type) in COMPILES_ON:
-        return fn(module, *args, **kwargs)
-    return run_uncompiled(fn, module, *args, **kwargs)
-
-
-def lower_mask(pattern: AttentionPattern, backend: str, dtype):
-    """The lowering of `pattern` for `backend` (`lowering.LOWERINGS`), run outside torch.compile where
-    `backend` does not compile on the pattern's device (torch inductor miscompiles flex's BlockMask
-    construction on CPU; sparse sizes its layout from data)."""
-    lower = LOWERINGS[backend]
-    if (backend, pattern.kind, pattern.device.type) in COMPILES_ON:
-        return lower(pattern, dtype)
-    return run_uncompiled(lower, pattern, dtype)
 
 
 def fold_groups(query, mask, kv_heads: int):
@@ -225,26 +178,3 @@ def sdpa_attention(module, query, key, value, mask, scaling, dropout):
             query, key, value, attn_mask=mask, dropout_p=dropout, scale=scaling, is_causal=is_causal
         )
     return out.transpose(1, 2).contiguous()
-
-
-def run_planned(module, plan, q, k, v, attention_mask, output_attentions: bool, fn=None, **kwargs):
-    """The attention of `module` through its `LayerPlan`'s backend function (or `fn`, a wrapper of it):
-    (output (B, T, H, D), the probabilities when `output_attentions`, recomputed from the pattern
-    where the kernel returns none)."""
-    out, weights = call_attention(
-        plan.attention_fn if fn is None else fn,
-        plan.backend,
-        plan.pattern.kind,
-        module,
-        q,
-        k,
-        v,
-        attention_mask,
-        scaling=module.scaling,
-        dropout=module.attention_dropout if module.training else 0.0,
-        **kwargs,
-        **plan.kernel_kwargs,
-    )
-    if output_attentions and weights is None:
-        weights = attention_weights(module, q, k, plan.pattern, module.scaling).to(q.dtype)
-    return out, weights

@@ -1,6 +1,7 @@
 """Lowering: the mask each backend consumes, made from an `AttentionPattern` (masks.py) once per
-forward per attention kind. eager's and sdpa's forms are made in masks.py (the plain path); the
-kernels' here; `LOWERINGS` is the table of all of them, which `attention.lower_mask` reads.
+forward per attention kind. eager's and sdpa's forms are made in core/plan.py (the plain path, which adds
+them to the table); the kernels' here; `LOWERINGS` is the table of all of them, which `plan.lower_mask`
+reads.
 
 Lowered forms (B batch, H heads, T queries, S keys):
     eager   additive float (B, 1 or H, T, S): 0 allowed, -inf not, plus position bias; or None
@@ -23,7 +24,7 @@ from collections.abc import Callable
 
 from ...configuration.backends import BACKENDS, capable, require
 from ..sparse.sparse_layout import lower_sparse
-from .masks import AttentionPattern, KernelMask, lower_eager, lower_sdpa
+from .masks import AttentionPattern, KernelMask
 
 
 def lower_sparse_backend(pattern: AttentionPattern, dtype):
@@ -73,7 +74,7 @@ def lower_sdpa_fa(pattern: AttentionPattern, dtype):
     """None, or the table's refusal of what the batch needs. Beyond the table's columns: a chunk of
     several queries after cached tokens needs an offset causal mask, which `is_causal` cannot express."""
     _require_pattern("sdpa_fa", pattern)
-    if not pattern.is_trivial():
+    if LOWERINGS["sdpa"](pattern, dtype) is not None:  # plain causality (or none) is all it can do
         chunk = pattern.query_offset > 0 and pattern.query_length > 1
         masked = capable(lambda c: c.padding, pattern.device.type)
         raise ValueError(
@@ -94,9 +95,8 @@ def _require_pattern(backend: str, pattern: AttentionPattern) -> None:
         require(backend, "packing", "packed sequences", needed_by="this batch")
 
 
+# eager's and sdpa's lowerings, the plain path's, are defined in core/plan.py, which adds them here
 LOWERINGS: dict[str, Callable] = {
-    "eager": lower_eager,
-    "sdpa": lower_sdpa,
     "sparse": lower_sparse_backend,
     "flex_attention": lower_flex,
     "flash_attention_2": lower_flash,

@@ -39,8 +39,8 @@ vmap (flex's `mask_mod`), and every backend therefore computes the same function
                reaches; a full layer's causality is the mask's to state (transformers uses a 4D mask as
                the whole mask), so a prefix-LM or any other mask runs as LlamaModel runs it
 
-The mask each backend consumes is lowered from the pattern once per forward: eager's and sdpa's here
-(`lower_eager`, `lower_sdpa`), the kernels' in lowering.py, which holds the table of both (`LOWERINGS`).
+The mask each backend consumes is lowered from the pattern once per forward: eager's and sdpa's (the plain
+path) in core/plan.py, the kernels' in lowering.py, which holds the table of all of them (`LOWERINGS`).
 """
 
 from __future__ import annotations
@@ -48,10 +48,14 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
-from .packing import PackedSequences
+from .packing import PackedSequences, check_cross_packing
+
+if TYPE_CHECKING:
+    from ..core.inputs import Positions
 
 
 @dataclass(frozen=True)
@@ -223,19 +227,6 @@ class AttentionPattern:
         bias = self.bias_fn(q_pos, self.key_pos[:, None, :]).permute(0, 3, 1, 2)
         return torch.where(allowed, bias.to(dtype), neg_inf)
 
-    def is_trivial(self) -> bool:
-        """True when nothing is masked beyond what `is_causal` (or no mask) expresses, and no bias.
-        False when the answer would depend on data: a static cache's token count held in a tensor."""
-        if self.kind != "full" or self.bias_fn is not None or self.key_valid is not None:
-            return False
-        if self.query_packing is not None or self.custom_mask is not None:
-            return False
-        if torch.is_tensor(self.query_offset) or torch.is_tensor(self.total_length):
-            return False
-        if self.key_offset != 0 or self.key_prefix or self.key_length != self.total_length:
-            return False
-        return not self.causal or self.query_length == 1 or self.query_offset == 0
-
     def additive(self, dtype, rows: slice = slice(None)) -> torch.Tensor:
         """(B, 1 or H, t, S) additive float mask: bias where allowed, -inf elsewhere."""
         allowed = self.dense_allowed(rows)
@@ -247,21 +238,50 @@ class AttentionPattern:
         return torch.where(allowed, bias.to(dtype), neg_inf)
 
 
-# Lowered for eager and sdpa (the kernels' forms: lowering.py) ------------------------------------
+# The pattern's inputs beyond the plain case (plan.py calls these only when a forward has them) ---------
 
 
-def lower_eager(pattern: AttentionPattern, dtype):
-    """eager's mask: additive float (B, 1 or H, T, S), or None where nothing is masked."""
-    if pattern.is_trivial() and not pattern.causal:
+def global_tokens(config, kind: str, pos: Positions, global_mask) -> torch.Tensor | None:
+    """(B, S) tokens that attend to all and that all attend, for the kinds with global tokens: the first
+    `global_tokens` real tokens of each row (or packed sequence) and those `global_mask` marks; never
+    padding. None for the other kinds."""
+    if kind not in ("sliding_global", "bigbird"):
         return None
-    return pattern.additive(dtype)
+    is_global = pos.keys < config.global_tokens
+    if global_mask is not None:
+        is_global = is_global | global_mask.bool()
+    if pos.key_valid is not None:
+        is_global = is_global & pos.key_valid
+    return is_global
 
 
-def lower_sdpa(pattern: AttentionPattern, dtype):
-    """sdpa's mask: bool (B, 1, T, S), additive float with a bias, or None where `is_causal` (or
-    nothing) says it."""
-    if pattern.is_trivial():
-        return None
-    if pattern.bias_fn is not None:
-        return pattern.additive(dtype)
-    return pattern.dense_allowed()
+def cross_attention_pattern(pos: Positions, encoder_hidden_states, encoder_attention_mask, encoder_packing):
+    """Every decoder query sees every real encoder token (of its own packed sequence, when packed)."""
+    s_enc = encoder_hidden_states.shape[1]
+    enc_valid = encoder_attention_mask.bool() if encoder_attention_mask is not None else None
+    check_cross_packing(pos.packing, encoder_packing, pos.batch)
+    packed = pos.packing is not None
+    return AttentionPattern(
+        kind="full",
+        causal=False,
+        batch=pos.batch,
+        query_offset=pos.past,
+        query_length=pos.length,
+        key_offset=0,
+        key_length=s_enc,
+        total_length=s_enc,
+        device=pos.device,
+        key_valid=enc_valid if enc_valid is not None and is_padded(enc_valid, s_enc) else None,
+        query_packing=pos.packing if packed else None,
+        key_packing=encoder_packing if packed else None,
+    )
+
+
+def is_padded(valid: torch.Tensor, total, key_index: torch.Tensor | None = None) -> bool:
+    """Whether the keys `valid` (B, S) at absolute indices `key_index` (default 0..S-1) hold padding
+    below `total`.
+    While compiling (or with a tensor count) the answer would be data-dependent: always True there,
+    i.e. the mask is applied even when it masks nothing, as transformers' mask builders do."""
+    if torch.compiler.is_compiling() or not isinstance(total, int):
+        return True
+    return not bool((valid if key_index is None else valid[:, key_index < total]).all())

@@ -18,6 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
+from torch import nn
 from transformers import (
     Cache,
     DynamicCache,
@@ -27,12 +28,42 @@ from transformers import (
     StaticLayer,
     StaticSlidingWindowLayer,
 )
+from transformers.utils import logging
 
 from ..compat.hf_compat import DynamicSlidingWindowLayer
+from .cache_keywords import read_cache_keywords
 from .cache_layers import GlobalWindowLayer, SlidingWindowLayer, StaticWindowLayer
+
+logger = logging.get_logger(__name__)
 
 # Set on a transformers Cache filled from packed rows, so a later step cannot extend it silently.
 PACKED_CACHE_FLAG = "_swapformer_packed_rows"
+
+
+# The keywords that name the cache otherwise: its names before transformers 5.24 and `cache_position`.
+CACHE_KEYWORDS = frozenset({"past_key_values", "cache_params", "cache_position"})
+
+
+def cache_argument(model, cache: Cache | None, kwargs: dict, new_tokens: torch.Tensor | None) -> Cache | None:
+    """The cache a forward was given: `cache`, or what one of `CACHE_KEYWORDS` in its `kwargs` says
+    (cache_keywords.py takes them out, with transformers' warning for the deprecated names). Called first
+    in every forward that takes a cache; `new_tokens` (B, T, ...) are the tokens the cache grows by."""
+    if CACHE_KEYWORDS.isdisjoint(kwargs):
+        return cache
+    return read_cache_keywords(model, cache, kwargs, new_tokens)
+
+
+def use_cache_unless_checkpointing(module: nn.Module, use_cache: bool | None) -> bool:
+    """`use_cache` (default: the config's), switched off with transformers' warning while gradient
+    checkpointing trains: recomputed layers would write the cache twice."""
+    use_cache = module.config.use_cache if use_cache is None else use_cache
+    if use_cache and module.gradient_checkpointing and module.training and torch.is_grad_enabled():
+        # Llama's text (transformers.utils.generic.merge_with_config_defaults)
+        logger.warning_once(
+            "`use_cache=True` is incompatible with gradient checkpointing. Setting `use_cache=False`."
+        )
+        return False
+    return bool(use_cache)
 
 
 def fresh_cache(cache: Cache) -> Cache:
@@ -186,6 +217,8 @@ class CacheView:
 
 __all__ = [
     "CacheView",
+    "cache_argument",
+    "use_cache_unless_checkpointing",
     "GlobalWindowLayer",
     "KeyGeometry",
     "SlidingWindowLayer",

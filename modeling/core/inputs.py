@@ -1,4 +1,5 @@
-"""A stack's inputs: their checks, made before anything is computed from them, and their `Positions`.
+"""A stack's inputs: the keyword inputs of every base model (`BaseModelKwargs`), their checks, made
+before anything is computed from them, and their `Positions`.
 
 Shape legend: B batch, T new tokens, P cached tokens, S = P + T keys (or a static cache's slots).
 
@@ -12,12 +13,71 @@ values, and runs them nowhere (run a batch eagerly once to have it checked).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TypedDict
 
 import torch
 from torch import nn
 
 from ..attention.custom_masks import check_custom_mask, custom_allowed, refuse_packing_with_custom_mask
 from ..attention.packing import PackedSequences, find_packed_sequences
+from .input_values import check_global_mask, check_mask_values
+
+PACKING_INPUTS = ("cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k", "seq_idx")
+
+
+class BaseModelKwargs(TypedDict, total=False):
+    """The inputs of every base model that pass as `**kwargs` (all of them names of transformers'
+    `TransformersKwargs`, which generate() accepts without finding them in a signature).
+
+    Args:
+        output_attentions, output_hidden_states: return every layer's attention map / hidden state
+            (default: the config's).
+        cu_seq_lens_q, cu_seq_lens_k, max_length_q, max_length_k, seq_idx: packed sequences as
+            `DataCollatorWithFlattening` marks them (restarting `position_ids` alone do too); each
+            sequence then attends only to itself (modeling/attention/packing.py). Of the encoder input, for an
+            encoder-decoder.
+
+    transformers' models ignore a keyword they do not know; here a name outside these is a TypeError
+    (`check_base_inputs`), as a misspelt keyword argument of a plain function is.
+    """
+
+    output_attentions: bool | None
+    output_hidden_states: bool | None
+    cu_seq_lens_q: torch.Tensor | None
+    cu_seq_lens_k: torch.Tensor | None
+    max_length_q: int | None
+    max_length_k: int | None
+    seq_idx: torch.Tensor | None
+
+
+def check_base_inputs(module: nn.Module, kwargs: dict) -> None:
+    """A keyword argument that is neither a parameter of the forward that got it (a head's or the base
+    model's) nor a `BaseModelKwargs` name is a TypeError, as for any plain function."""
+    unknown = sorted(set(kwargs) - BaseModelKwargs.__optional_keys__)
+    if unknown:
+        raise TypeError(
+            f"{type(module).__name__}.forward() (or the task head that called it) got unexpected keyword "
+            f"argument(s) {unknown}: neither its parameters nor a BaseModelKwargs input "
+            f"{sorted(BaseModelKwargs.__optional_keys__)}; check the spelling"
+        )
+
+
+def stack_inputs(module: nn.Module, global_attention_mask: torch.Tensor | None, kwargs: dict) -> dict:
+    """`forward_stack`'s keyword arguments for a base model's `global_attention_mask` and
+    `BaseModelKwargs` (output flags defaulting to the config's); any other name is a TypeError."""
+    check_base_inputs(module, kwargs)
+    config = module.config
+
+    def flag(name):
+        value = kwargs.get(name)
+        return getattr(config, name) if value is None else value
+
+    return dict(
+        global_attention_mask=global_attention_mask,
+        output_attentions=flag("output_attentions"),
+        output_hidden_states=flag("output_hidden_states"),
+        packing_inputs={name: kwargs.get(name) for name in PACKING_INPUTS},
+    )
 
 
 def validate_inputs(
@@ -112,36 +172,8 @@ def _check_attention_mask(
             f"(batch, 1, query={length}, key={keys}))"
         )
     if attention_mask.dtype != torch.bool and not torch.compiler.is_compiling():
-        _check_mask_values(attention_mask, prefix)
+        check_mask_values(attention_mask, prefix)
     return attention_mask.shape[1]
-
-
-def _check_mask_values(attention_mask: torch.Tensor, prefix: str) -> None:
-    """A 2D mask holds 0 and 1: any other value used to be read as "keep", hiding a mistake upstream
-    (a mask scaled, summed or shifted by -1)."""
-    low, high = torch.aminmax(attention_mask)  # one pass; integer masks need nothing more
-    if low >= 0 and high <= 1 and not (attention_mask.is_floating_point() and (attention_mask % 1).any()):
-        return
-    odd = attention_mask[(attention_mask != 0) & (attention_mask != 1)]
-    found = ", ".join(f"{v:g}" for v in odd.unique()[:4].tolist())
-    raise ValueError(
-        f"{prefix}attention_mask holds {found} besides 0 and 1; a 2D mask holds 1 for tokens and 0 for "
-        "padding (or True/False): pass the tokenizer's attention_mask, or build it as "
-        "(input_ids != pad_token_id).long()"
-    )
-
-
-def check_global_mask(marks, batch: int, past, length: int, span: int, prefix: str = ""):
-    """`global_attention_mask` (B, past + length), padded with zeros to a static cache's `span` slots."""
-    if marks is None:
-        return None
-    widths = {span} | ({past + length} if isinstance(past, int) else set())
-    if marks.dim() != 2 or marks.shape[0] != batch or marks.shape[1] not in widths:
-        raise ValueError(
-            f"{prefix}global_attention_mask has shape {tuple(marks.shape)}; it needs (batch={batch}, "
-            f"length={' or '.join(map(str, sorted(widths)))}), one entry per cached and new token"
-        )
-    return nn.functional.pad(marks, (0, span - marks.shape[1]))
 
 
 def checked_positions(
@@ -171,7 +203,9 @@ def checked_positions(
     )
     ref = input_ids if input_ids is not None else inputs_embeds
     batch, length = ref.shape[:2]
-    global_mask = check_global_mask(global_attention_mask, batch, cache.past, length, span, prefix)
+    global_mask = None
+    if global_attention_mask is not None:
+        global_mask = check_global_mask(global_attention_mask, batch, cache.past, length, span, prefix)
     cache.refuse_if_packed(prefix)
     positions = Positions.of(
         batch=batch,

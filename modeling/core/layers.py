@@ -6,11 +6,11 @@ heads, D head dim.
 The encoder, the decoder and both halves of the encoder-decoder are the same stack (stack.py) of the
 same `Block`s with two switches: causal self-attention, and cross-attention. The stack makes the
 forward's plan (plan.py); a block's attention projects, rotates, appends to the cache and calls the
-attention function its `LayerPlan` holds, with the mask lowered for it. Variants subclass `Attention`
-in their own modules and are chosen once, when the stack is built (stack.attention_class): streaming
-sinks (sinks.py), Longformer's global projections (global_rows.py), Linformer (linformer.py);
-multi-head latent attention (mla.py) subclasses `AttentionBase`. Learned sinks are a parameter and
-the backend call that folds them in (sinks.run_with_sinks), chosen in `Attention.__init__`.
+attention function its `LayerPlan` holds, with the mask lowered for it (`run_backend`, `call_attention`).
+Variants subclass `Attention` in their own modules and are chosen once, when the stack is built
+(variants/attention_choice.py): streaming sinks, Longformer's global projections, Linformer,
+cross-attention; multi-head latent attention (mla.py) subclasses `AttentionBase`. Learned sinks are a
+parameter and the backend call that folds them in (sinks.run_with_sinks), chosen in `Attention.__init__`.
 """
 
 from __future__ import annotations
@@ -21,7 +21,8 @@ import torch
 from torch import nn
 from transformers import GradientCheckpointingLayer
 
-from ..attention.functions import run_planned
+from ...configuration.backends import APPLIES_DROPOUT, COMPILES_ON, TRAINS_ON, check_backend_for_forward
+from ..attention.functions import attention_weights, run_uncompiled
 from ..compat.hf_compat import ACT2FN
 from ..cpu import IN_PLACE, cpu_linear_route, cpu_mlp, project
 from ..variants.sinks import run_with_sinks
@@ -107,13 +108,72 @@ class AttentionBase(nn.Module):
         self.scaling = config.effective_attention_scale
         self.attention_dropout = config.attention_dropout
         self.sinks = None  # gpt-oss's learned sinks (Attention), read by eager's softmax
-        self.call_backend = run_planned  # or, with learned sinks, the kernels' form (sinks.py)
+        self.call_backend = AttentionBase.run_backend  # or, with learned sinks, the kernels' form (sinks.py)
 
     def attend(self, hidden_states, q, k, v, attention_mask, plan: LayerPlan, output_attentions: bool):
         """(B, T, H, D) attention output of q (B, H, T, D) over k, v (B, K, S, D), and the weights
         (B, H, T, S) when asked. `hidden_states` is for the variants that need it (global_rows.py)."""
         return self.call_backend(
             self, plan, q, k, v, attention_mask, output_attentions, sliding_window=self.sliding_window
+        )
+
+    def run_backend(
+        self, plan: LayerPlan, q, k, v, attention_mask, output_attentions: bool, fn=None, **kwargs
+    ):
+        """The attention through its `LayerPlan`'s backend function (or `fn`, a wrapper of it):
+        (output (B, T, H, D), the probabilities when `output_attentions`, recomputed from the pattern
+        where the kernel returns none)."""
+        out, weights = call_attention(
+            plan.attention_fn if fn is None else fn,
+            plan.backend,
+            plan.pattern.kind,
+            self,
+            q,
+            k,
+            v,
+            attention_mask,
+            scaling=self.scaling,
+            dropout=self.attention_dropout if self.training else 0.0,
+            **kwargs,
+            **plan.kernel_kwargs,
+        )
+        if output_attentions and weights is None:
+            weights = attention_weights(self, q, k, plan.pattern, self.scaling).to(q.dtype)
+        return out, weights
+
+
+def call_attention(fn, backend: str, kind: str, module: nn.Module, *args, **kwargs):
+    """Run attention function `fn` of `backend`. Inside torch.compile, a backend the capability table
+    says cannot compile on this device fails with a message naming it (fullgraph=True, export); when
+    compile falls back to eager for that (fullgraph=False), the call runs uncompiled, e.g. flex on CPU
+    with its own standalone-compiled kernel, as an uncompiled model runs it."""
+    device = args[0].device  # the query
+    if torch.compiler.is_compiling():
+        check_backend_for_batch(backend, kind, module, device)
+    if (backend, kind, device.type) in COMPILES_ON:
+        return fn(module, *args, **kwargs)
+    return run_uncompiled(fn, module, *args, **kwargs)
+
+
+def check_backend_for_batch(backend: str, kind: str, module: nn.Module, device: torch.device) -> None:
+    """The checks of `check_backend_for_forward` for one layer kind of `module`'s forward on `device`,
+    read from the table's sets (`TRAINS_ON`, ...); the table's refusal is raised when one fails."""
+    training, compiling = module.training, torch.compiler.is_compiling()
+    grads = training and torch.is_grad_enabled()
+    dropout = training and module.config.attention_dropout > 0
+    if (
+        (grads and (backend, device.type) not in TRAINS_ON)
+        or (dropout and backend not in APPLIES_DROPOUT)
+        or (compiling and (backend, kind, device.type) not in COMPILES_ON)
+    ):
+        check_backend_for_forward(
+            backend,
+            kind,
+            module.config,
+            device.type,
+            training=training,
+            needs_grad=torch.is_grad_enabled(),
+            compiling=compiling,
         )
 
 
@@ -169,35 +229,13 @@ class Attention(AttentionBase):
         return out, (weights if output_attentions else None)
 
 
-class CrossAttention(Attention):
-    """Attention of the decoder's queries over the encoder's output (kept in the cache once made)."""
-
-    is_cross_attention = True
-
-    def forward(
-        self,
-        hidden_states: torch.Tensor,
-        attention_mask,
-        *,
-        plan: LayerPlan,
-        key_value_states: torch.Tensor,
-        output_attentions: bool = False,
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """As `Attention.forward`, keys and values from `key_value_states` (B, S, E), no positions."""
-        b, t, _ = hidden_states.shape
-        q = self.heads(self.q_proj, hidden_states)  # (B, H, T, D)
-        k, v = plan.cache.cross_keys_values(self.layer_idx, lambda: self.project_kv(key_value_states))
-        out, weights = self.attend(hidden_states, q, k, v, attention_mask, plan, output_attentions)
-        out = project(self.o_proj, out.reshape(b, t, -1))  # (B, T, E)
-        return out, (weights if output_attentions else None)
-
-
 # Block ---------------------------------------------------------------------------------------------
 
 
 class Block(GradientCheckpointingLayer):
     """Self-attention, optional cross-attention, MLP; each a residual branch, pre- or post-norm.
-    `attention` is the self-attention class the stack chose for this layer (stack.attention_class)."""
+    `attention` is the self-attention class the stack chose for this layer (attention_choice.py),
+    `cross_attention` the cross-attention class of a seq2seq decoder (variants/cross_attention.py)."""
 
     def __init__(
         self,
@@ -205,7 +243,7 @@ class Block(GradientCheckpointingLayer):
         layer_idx: int,
         *,
         is_causal: bool,
-        cross_attention: bool,
+        cross_attention: type[AttentionBase] | None,
         layer_type: str = "full_attention",
         attention: type[AttentionBase] = Attention,
     ):
@@ -216,8 +254,8 @@ class Block(GradientCheckpointingLayer):
         self.self_attn = attention(config, layer_idx, is_causal=is_causal, layer_type=layer_type)
         self.self_attn_norm = make_norm(config)
         self.cross_attn = (
-            CrossAttention(config, layer_idx, is_causal=False, layer_type=layer_type)
-            if cross_attention
+            cross_attention(config, layer_idx, is_causal=False, layer_type=layer_type)
+            if cross_attention is not None
             else None
         )
         self.cross_attn_norm = make_norm(config) if cross_attention else None

@@ -11,25 +11,33 @@ nothing about masks, backends or cache geometry.
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 
-from ...configuration.backends import LAYER_TYPE_PATTERN, PER_LAYER_BACKEND, check_batch_feature
+from ...configuration.backends import COMPILES_ON, LAYER_TYPE_PATTERN, PER_LAYER_BACKEND, check_batch_feature
 from ...configuration.configuration_swapformer import GLOBAL_KINDS
 from ..attention.custom_masks import custom_mask_at_keys, refuse_custom_mask_backends
-from ..attention.functions import check_backend_for_batch, eager_attention_forward, lower_mask
-from ..attention.masks import AttentionPattern, KernelMask
-from ..attention.packing import PackedSequences, check_cross_packing
+from ..attention.functions import eager_attention_forward, run_uncompiled
+from ..attention.lowering import LOWERINGS
+from ..attention.masks import (
+    AttentionPattern,
+    KernelMask,
+    cross_attention_pattern,
+    global_tokens,
+    is_padded,
+)
+from ..attention.packing import PackedSequences
 from ..caches.cache import CacheView
 from ..caches.cache_layers import plan_global_window
 from ..compat.hf_compat import ALL_ATTENTION_FUNCTIONS
 from ..sparse.bigbird import random_blocks
+from ..variants.global_rows import pattern_for_backend
 from ..variants.linformer import LinformerProjections
 from ..variants.streaming import sink_shift
 from .inputs import Positions, new_columns
+from .layers import check_backend_for_batch
 
 
 @dataclass(frozen=True)
@@ -130,7 +138,7 @@ class ForwardPlan:
             lt: LayerPlan.make(
                 lt,
                 p,
-                pattern_for_backend(stack, lt, p),
+                p if p.global_queries is None else pattern_for_backend(stack, lt, p),
                 backends[lt],
                 dtype,
                 rope,
@@ -150,6 +158,53 @@ class ForwardPlan:
             }
         (layers, masks), (cross, cross_masks) = _unzip(layers), _unzip(cross)
         return cls(positions, rope, layers, cross, masks, cross_masks)
+
+
+def lower_mask(pattern: AttentionPattern, backend: str, dtype):
+    """The lowering of `pattern` for `backend` (`lowering.LOWERINGS`), run outside torch.compile where
+    `backend` does not compile on the pattern's device (torch inductor miscompiles flex's BlockMask
+    construction on CPU; sparse sizes its layout from data)."""
+    lower = LOWERINGS[backend]
+    if (backend, pattern.kind, pattern.device.type) in COMPILES_ON:
+        return lower(pattern, dtype)
+    return run_uncompiled(lower, pattern, dtype)
+
+
+# The lowerings of the plain path; the kernels' are lowering.py's, in one table (`LOWERINGS`) ----------
+
+
+def is_trivial(pattern: AttentionPattern) -> bool:
+    """True when nothing is masked beyond what `is_causal` (or no mask) expresses, and no bias.
+    False when the answer would depend on data: a static cache's token count held in a tensor."""
+    if pattern.kind != "full" or pattern.bias_fn is not None or pattern.key_valid is not None:
+        return False
+    if pattern.query_packing is not None or pattern.custom_mask is not None:
+        return False
+    if torch.is_tensor(pattern.query_offset) or torch.is_tensor(pattern.total_length):
+        return False
+    if pattern.key_offset != 0 or pattern.key_prefix or pattern.key_length != pattern.total_length:
+        return False
+    return not pattern.causal or pattern.query_length == 1 or pattern.query_offset == 0
+
+
+def lower_eager(pattern: AttentionPattern, dtype):
+    """eager's mask: additive float (B, 1 or H, T, S), or None where nothing is masked."""
+    if is_trivial(pattern) and not pattern.causal:
+        return None
+    return pattern.additive(dtype)
+
+
+def lower_sdpa(pattern: AttentionPattern, dtype):
+    """sdpa's mask: bool (B, 1, T, S), additive float with a bias, or None where `is_causal` (or
+    nothing) says it."""
+    if is_trivial(pattern):
+        return None
+    if pattern.bias_fn is not None:
+        return pattern.additive(dtype)
+    return pattern.dense_allowed()
+
+
+LOWERINGS.update(eager=lower_eager, sdpa=lower_sdpa)
 
 
 def layer_backends(config, layer_types) -> dict[str, str]:
@@ -175,14 +230,16 @@ def self_attention_pattern(stack, layer_type: str, pos: Positions, cache: CacheV
     tokens are the first `global_tokens` of each sequence."""
     config = stack.config
     kind = LAYER_TYPE_PATTERN[layer_type]
-    is_global = global_tokens(config, kind, pos, global_mask)
+    is_global = global_tokens(config, kind, pos, global_mask) if kind in GLOBAL_KINDS else None
     if kind == "sliding_global":
         indices = [i for i, other in enumerate(stack.layer_types) if other == layer_type]
         plan_global_window(
             cache, indices, config.sliding_window, config.global_tokens, is_global, pos.key_valid
         )
     keys = cache.key_geometry(stack.layer_types.index(layer_type), pos.length)
-    index = AttentionPattern.keys_at(torch.arange(keys.length, device=pos.device), keys.offset, keys.prefix)
+    index = torch.arange(keys.length, device=pos.device)
+    # absolute key indices; a window + global cache hands over its kept leading tokens first
+    index = AttentionPattern.keys_at(index, keys.offset, keys.prefix) if keys.prefix else index + keys.offset
     valid = select_keys(pos.key_valid, index, False)
     extra = {}
     if is_global is not None:
@@ -222,53 +279,6 @@ def self_attention_pattern(stack, layer_type: str, pos: Positions, cache: CacheV
     )
 
 
-def global_tokens(config, kind: str, pos: Positions, global_mask) -> torch.Tensor | None:
-    """(B, S) tokens that attend to all and that all attend, for the kinds with global tokens: the first
-    `global_tokens` real tokens of each row (or packed sequence) and those `global_mask` marks; never
-    padding. None for the other kinds."""
-    if kind not in ("sliding_global", "bigbird"):
-        return None
-    is_global = pos.keys < config.global_tokens
-    if global_mask is not None:
-        is_global = is_global | global_mask.bool()
-    if pos.key_valid is not None:
-        is_global = is_global & pos.key_valid
-    return is_global
-
-
-def cross_attention_pattern(pos: Positions, encoder_hidden_states, encoder_attention_mask, encoder_packing):
-    """Every decoder query sees every real encoder token (of its own packed sequence, when packed)."""
-    s_enc = encoder_hidden_states.shape[1]
-    enc_valid = encoder_attention_mask.bool() if encoder_attention_mask is not None else None
-    check_cross_packing(pos.packing, encoder_packing, pos.batch)
-    packed = pos.packing is not None
-    return AttentionPattern(
-        kind="full",
-        causal=False,
-        batch=pos.batch,
-        query_offset=pos.past,
-        query_length=pos.length,
-        key_offset=0,
-        key_length=s_enc,
-        total_length=s_enc,
-        device=pos.device,
-        key_valid=enc_valid if enc_valid is not None and is_padded(enc_valid, s_enc) else None,
-        query_packing=pos.packing if packed else None,
-        key_packing=encoder_packing if packed else None,
-    )
-
-
-def pattern_for_backend(stack, layer_type: str, pattern: AttentionPattern) -> AttentionPattern:
-    """The pattern the backend's mask is lowered from: with `global_projections`, the global query
-    rows are left out (their every-key rows would be computed and thrown away), since the layers
-    replace those rows by attention through the global projections (global_rows.py)."""
-    if not stack.config.global_projections or stack.causal or pattern.global_queries is None:
-        return pattern
-    if LAYER_TYPE_PATTERN[layer_type] not in GLOBAL_KINDS:
-        return pattern
-    return dataclasses.replace(pattern, global_queries=None)
-
-
 # Per-token values at the keys ----------------------------------------------------------------------------
 
 
@@ -280,13 +290,3 @@ def select_keys(x: torch.Tensor | None, index: torch.Tensor, fill) -> torch.Tens
         return None
     picked = x[:, index.clamp(0, x.shape[1] - 1)]
     return picked.masked_fill((index < 0) | (index >= x.shape[1]), fill)
-
-
-def is_padded(valid: torch.Tensor, total, key_index: torch.Tensor | None = None) -> bool:
-    """Whether the keys `valid` (B, S) at absolute indices `key_index` (default 0..S-1) hold padding
-    below `total`.
-    While compiling (or with a tensor count) the answer would be data-dependent: always True there,
-    i.e. the mask is applied even when it masks nothing, as transformers' mask builders do."""
-    if torch.compiler.is_compiling() or not isinstance(total, int):
-        return True
-    return not bool((valid if key_index is None else valid[:, key_index < total]).all())

@@ -184,3 +184,17 @@ def relative_position_bucket(
     far = exact + (log_ratio * (num_buckets - exact)).long()
     far = far.clamp(max=num_buckets - 1)
     return buckets + torch.where(distance < exact, distance, far)
+
+
+def pair_bias(config, causal: bool, relative_attention_bias, query_pos, key_pos) -> torch.Tensor:
+    """Additive score bias (..., H) for broadcastable query and key positions: ALiBi's, or T5's trained
+    bias per bucket (`relative_attention_bias`, an embedding of buckets x heads)."""
+    if config.position_embedding_type == "alibi":
+        return alibi_bias(query_pos, key_pos, config.num_attention_heads, causal)
+    buckets = relative_position_bucket(
+        key_pos - query_pos,
+        bidirectional=not causal,
+        num_buckets=config.relative_attention_num_buckets,
+        max_distance=config.relative_attention_max_distance,
+    )
+    return relative_attention_bias(buckets)

@@ -12,28 +12,22 @@ each with its layer type's `LayerPlan`.
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 import torch
 from torch import nn
 from transformers import Cache
 from transformers.utils import logging
 
-from ...configuration.backends import LAYER_TYPE_PATTERN
-from ...configuration.configuration_swapformer import GLOBAL_KINDS
 from ..attention.packing import PackedSequences
 from ..caches.cache import CacheView
-from ..variants.global_rows import GlobalProjectionAttention
-from ..variants.linformer import LinformerAttention, LinformerProjections
-from ..variants.mla import LatentAttention
-from ..variants.streaming import StreamingAttention
+from ..variants.attention_choice import attention_class
+from ..variants.cross_attention import CrossAttention
+from ..variants.linformer import LinformerProjections
 from .inputs import checked_positions
-from .layers import Attention, AttentionBase, Block, make_norm
+from .layers import Block, make_norm
 from .plan import ForwardPlan
-from .positions import (
-    RotaryEmbedding,
-    alibi_bias,
-    relative_position_bucket,
-    sinusoidal_embedding,
-)
+from .positions import RotaryEmbedding, pair_bias, sinusoidal_embedding
 
 logger = logging.get_logger(__name__)
 
@@ -82,7 +76,7 @@ class StackMixin:
                     config,
                     i,
                     is_causal=causal,
-                    cross_attention=cross_attention,
+                    cross_attention=CrossAttention if cross_attention else None,
                     layer_type=layer_types[i],
                     attention=attention_class(config, layer_types[i], causal),
                 )
@@ -128,15 +122,7 @@ class StackMixin:
 
     def pair_bias(self, query_pos: torch.Tensor, key_pos: torch.Tensor) -> torch.Tensor:
         """Additive score bias (..., H) for broadcastable query and key positions (ALiBi, T5)."""
-        if self.config.position_embedding_type == "alibi":
-            return alibi_bias(query_pos, key_pos, self.config.num_attention_heads, self.causal)
-        buckets = relative_position_bucket(
-            key_pos - query_pos,
-            bidirectional=not self.causal,
-            num_buckets=self.config.relative_attention_num_buckets,
-            max_distance=self.config.relative_attention_max_distance,
-        )
-        return self.relative_attention_bias(buckets)
+        return pair_bias(self.config, self.causal, self.relative_attention_bias, query_pos, key_pos)
 
     # Forward ------------------------------------------------------------------------------------
 
@@ -253,14 +239,51 @@ class StackMixin:
         return None
 
 
-def attention_class(config, layer_type: str, causal: bool) -> type[AttentionBase]:
-    """The self-attention class of a layer of `layer_type`, chosen once when the stack is built."""
-    if getattr(config, "kv_lora_rank", None) is not None:  # multi-head latent attention (decoders)
-        return LatentAttention
-    if getattr(config, "linformer_k", None) is not None and not causal:
-        return LinformerAttention
-    if config.global_projections and not causal and LAYER_TYPE_PATTERN[layer_type] in GLOBAL_KINDS:
-        return GlobalProjectionAttention  # Longformer's q/k/v_global_proj
-    if config.streaming_positions == "cache" and LAYER_TYPE_PATTERN[layer_type] == "sliding_global":
-        return StreamingAttention
-    return Attention
+# What a stack's output becomes ---------------------------------------------------------------------
+
+
+def model_output(config, output, return_dict: bool | None):
+    """The ModelOutput, or its tuple (None fields dropped, loss first) when return_dict is False."""
+    return output if (config.return_dict if return_dict is None else return_dict) else output.to_tuple()
+
+
+def keep_positions(h: torch.Tensor, logits_to_keep: int | torch.Tensor) -> torch.Tensor:
+    """The positions of h (B, T, E) that need logits, by transformers' rule (`slice_logits_to_keep`):
+    an int N keeps the last N (0: all); a 1-D tensor indexes positions of every row; a 2-D integer
+    tensor (B, N) positions per row; a 2-D bool mask (B, T) the True positions, flattened to (n, E)."""
+    if isinstance(logits_to_keep, int):
+        return h[:, -logits_to_keep:] if logits_to_keep else h
+    if logits_to_keep.dim() == 2:
+        if logits_to_keep.dtype == torch.bool:
+            return h[logits_to_keep.to(h.device)]
+        return torch.take_along_dim(h, logits_to_keep.to(h.device)[..., None], dim=1)
+    return h[:, logits_to_keep]
+
+
+class TaskHead:
+    """Mixin of the task heads: `run_head` runs the base model and the head's `head_outputs`.
+
+    A head sets `output_class` (transformers' ModelOutput of its task) and writes
+    `head_outputs(self, out, ...) -> dict`: its own fields (loss, logits, ...) from the base model's
+    output `out` and the head inputs its forward passes on. Every other field of `output_class`
+    (cache, hidden states, attentions) is taken from `out`."""
+
+    output_class: ClassVar[type]
+    accepts_loss_kwargs: ClassVar[bool]
+
+    def run_head(self, base_args: tuple, base_kwargs: dict, return_dict: bool | None, **head_inputs):
+        """base_args, base_kwargs: the base model's inputs; head_inputs: `head_outputs`'s arguments."""
+        count = base_kwargs.pop("num_items_in_batch", None)
+        if count is not None:
+            if not self.accepts_loss_kwargs:
+                raise TypeError(
+                    f"{type(self).__name__}.forward() got num_items_in_batch={count}, but its loss is a mean "
+                    "over sequences (accepts_loss_kwargs=False): drop the argument"
+                )
+            head_inputs["num_items_in_batch"] = count
+        out = self.model(*base_args, return_dict=True, **base_kwargs)
+        fields = self.head_outputs(out, **head_inputs)
+        carried = {
+            k: v for k, v in out.items() if k in self.output_class.__dataclass_fields__ and k not in fields
+        }
+        return model_output(self.config, self.output_class(**carried, **fields), return_dict)

@@ -4,8 +4,8 @@ The model classes hold plain torch modules and call this package at four places 
 is the plain torch expression wherever its route does not apply:
 - `project(module, x)`: every projection and head; oneDNN's linear op for a plain `nn.Linear` in fp32 CPU
   inference where the linear route is on (routes.py, linear.py), else `module(x)`, so PEFT's, quantizers' and hooked layers run as themselves;
-- `cpu_mlp(mlp, x)`: the MLP; row chunks with an in-place activation without gradients (mlp.py), else
-  `mlp.compute(x, mlp.act_fn)`;
+- `cpu_mlp(mlp, x)`: the MLP (routes.py); row chunks with an in-place activation without gradients when
+  its activations take more than one chunk (mlp.py), else `mlp.compute(x, mlp.act_fn)`;
 - `copies_for_generate(model, args, kwargs)`: around generate(); input-major copies of the decoding
   weights (weight_copies.py), else nothing;
 - `sparse_native_applies` / `sparse_native_attend`: the sparse backend's native fp32 CPU kernels
@@ -18,10 +18,12 @@ route, whether it is in force and why (`in_force`).
 
 from __future__ import annotations
 
-from .mlp import IN_PLACE, chunking_in_force, cpu_mlp
+from .mlp import IN_PLACE
 from .routes import (
+    MLP_CHUNK_BYTES,
     cpu_linear,
     cpu_linear_route,
+    cpu_mlp,
     cpu_routes,
     cpu_routes_on,
     linear_route_in_force,
@@ -32,6 +34,14 @@ from .sparse_native import applies as sparse_native_applies
 from .sparse_native import attend as sparse_native_attend
 from .sparse_native import sparse_cpu, sparse_cpu_route, sparse_route_in_force
 from .weight_copies import DecodingWeights, copies_for_generate, copies_in_force
+
+
+def chunking_in_force() -> str:
+    """Whether MLP chunking is in force and why, for `swapformer env`."""
+    off = routes_off_reason()
+    if off is not None:
+        return f"off ({off})"
+    return f"on (without gradients, {MLP_CHUNK_BYTES / 2**20:g} MiB of activations at a time)"
 
 
 def in_force() -> dict[str, str]:

@@ -25,7 +25,7 @@ The route applies to a call when all hold:
 - the CPU routes are on (`cpu_routes`, SWAPFORMER_CPU_ROUTES; routes.py) and the linear route is on:
   `cpu_linear(route)` (a context manager) or else the environment variable SWAPFORMER_CPU_LINEAR
   says "onednn", or they say "auto" (the default), torch reports AVX-512 for this CPU
-  (`torch.backends.cpu.get_cpu_capability()`) and the CPU is AMD's (`routes.cpu_vendor()`); "torch"
+  (`torch.backends.cpu.get_cpu_capability()`) and the CPU is AMD's (`route_choice.cpu_vendor()`); "torch"
   turns it off. On an Intel Xeon with AVX-512, where MKL runs its AVX-512 code, oneDNN did not pay:
   whole forwards 0.94-0.95x and a GPT-2 decoding step 0.81x the speed of torch's route (2026-12-03,
   benchmarks/cpu_linear.py), so "auto" keeps torch's route on Intel. No AVX2-only CPU was

@@ -22,8 +22,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..compat.torch_compat import available, onednn_linear
+from ..compat.torch_compat import onednn_linear
 from .linear import onednn_applies, plain_linear
+from .mlp import chunked
+from .route_choice import auto_linear, check_route, resolve_route
 
 ENV = "SWAPFORMER_CPU_ROUTES"
 SWITCH = ("on", "off")
@@ -80,45 +82,17 @@ class cpu_routes:
 
 # The linear route's switch -----------------------------------------------------------------------------
 
-ROUTES = ("auto", "onednn", "torch")
 LINEAR_ENV = "SWAPFORMER_CPU_LINEAR"
 
 _chosen: contextvars.ContextVar[str | None] = contextvars.ContextVar("swapformer_cpu_linear", default=None)
 _default: str | None = None  # the environment's route, resolved at the first call
-
-# the private torch names the route reads (torch_compat.py); a torch release without one keeps torch's route
-_ROUTE_TOUCH_POINTS = (
-    "onednn_linear",
-    "functorch_active",
-    "mkldnn_enabled",
-    "global_forward_hooks",
-    "global_forward_pre_hooks",
-)
-
-
-def _check_route(route, where: str) -> str:
-    if route not in ROUTES:
-        raise ValueError(
-            f"{where} is {route!r}; the CPU linear route must be one of {', '.join(map(repr, ROUTES))} "
-            "('auto': oneDNN on CPUs with AVX-512, 'onednn': always, 'torch': torch's own F.linear)"
-        )
-    if route == "onednn" and not _onednn_available():
-        raise ValueError(
-            f"{where} is 'onednn', but this torch build has no oneDNN linear op "
-            "(torch.backends.mkldnn.is_available() is False); use 'auto' or 'torch'"
-        )
-    return route
-
-
-def _onednn_available() -> bool:
-    return torch.backends.mkldnn.is_available() and all(map(available, _ROUTE_TOUCH_POINTS))
 
 
 def _environment_route() -> str:
     global _default
     if _default is None:
         where = f"the environment variable {LINEAR_ENV}"
-        _default = _resolve(_check_route(os.environ.get(LINEAR_ENV, "auto").strip().lower(), where))
+        _default = resolve_route(check_route(os.environ.get(LINEAR_ENV, "auto").strip().lower(), where))
     return _default
 
 
@@ -133,40 +107,6 @@ def cpu_linear_route() -> str:
     return route if chosen is None else chosen
 
 
-def cpu_info(field: str) -> str:
-    """A field of the first CPU as Linux reports it ("vendor_id", "model name"), or "" where unknown."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith(field):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return ""
-
-
-def cpu_vendor() -> str:
-    """The CPU's vendor id ("AuthenticAMD", "GenuineIntel"), or "" where unknown."""
-    return cpu_info("vendor_id")
-
-
-def _auto_linear() -> tuple[str, str]:
-    """What "auto" means here and why: the gain is MKL's vendor dispatch (AVX2 code on AMD); where MKL
-    runs AVX-512 itself, torch's route was as fast or faster (linear.py)."""
-    if not _onednn_available():
-        return "torch", "no oneDNN linear op in this torch"
-    if not torch.backends.cpu.get_cpu_capability().startswith("AVX512"):
-        return "torch", "no AVX-512"
-    vendor = cpu_vendor()
-    if vendor == "AuthenticAMD":
-        return "onednn", "AMD CPU with AVX-512"
-    return "torch", {"GenuineIntel": "Intel CPU", "": "CPU vendor unknown"}.get(vendor, f"{vendor} CPU")
-
-
-def _resolve(route: str) -> str:
-    return _auto_linear()[0] if route == "auto" else route
-
-
 def linear_route_in_force() -> str:
     """The linear route and why, for `swapformer env`: "torch (auto: Intel CPU)", "off (...)"."""
     off = routes_off_reason()
@@ -177,7 +117,7 @@ def linear_route_in_force() -> str:
     asked = os.environ.get(LINEAR_ENV, "auto").strip().lower()
     if asked != "auto":
         return f"{cpu_linear_route()} ({LINEAR_ENV}={asked})"
-    route, why = _auto_linear()
+    route, why = auto_linear()
     return f"{route} (auto: {why})"
 
 
@@ -186,7 +126,7 @@ def cpu_linear(route: str):
     """Run the block with the CPU linear route `route` ("auto", "onednn" or "torch"), whatever the
     environment says; e.g. `with swapformer.cpu_linear("torch"):` for MKL's results bit for bit.
     `cpu_routes(False)` overrides it."""
-    token = _chosen.set(_resolve(_check_route(route, "cpu_linear(route)")))
+    token = _chosen.set(resolve_route(check_route(route, "cpu_linear(route)")))
     try:
         yield
     finally:
@@ -223,3 +163,34 @@ def project(module: nn.Module, x: torch.Tensor) -> torch.Tensor:
     if _onednn_route() and plain_linear(module) and onednn_applies(x, module.weight, module.bias):
         return onednn_linear(x, module.weight, module.bias)
     return module(x)
+
+
+# Without gradients the MLP runs this many bytes of intermediate activations at a time: glibc hands
+# larger blocks out as fresh mappings, so a whole (T, intermediate) activation page-faults and is
+# zero-filled by the kernel on every layer (measured: about as long as the GELU itself, and not spread
+# over threads). The chunks are equal, and plain `nn.Linear` projections on torch's route write into
+# buffers allocated once per call and reused by every chunk: fresh chunk-sized outputs fault too
+# whenever glibc has trimmed its heap (a gated BERT-base MLP at 4096 tokens: 36,737 faults per call
+# against 5,124, 9% slower; benchmarks/mlp_chunks.py). On the oneDNN route, whose op takes no output
+# buffer, each chunk calls the projections through `project`. A model with forward hooks on its
+# projections runs the MLP in one plain pass, so hooks see one call with the whole output. An MLP whose
+# activations fit in one chunk is the plain expression (cpu_mlp): nothing to chunk, and so no hook
+# to look for on the path every short input and decoding step takes.
+MLP_CHUNK_BYTES = 16 * 2**20
+
+
+def cpu_mlp(mlp: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """`mlp.compute(x, mlp.act_fn)` (layers.MLP): the seam of MLP row chunking (mlp.py), entered only
+    without gradients, outside torch.compile, for plain tensors, with the routes on and activations
+    over one chunk (`MLP_CHUNK_BYTES`)."""
+    if (
+        torch.compiler.is_compiling()  # first: the switch's context variable is not traceable
+        or torch.is_grad_enabled()
+        or not cpu_routes_on()
+        or type(x) is not torch.Tensor
+    ):
+        return mlp.compute(x, mlp.act_fn)
+    activations = x.numel() // x.shape[-1] * mlp.up_proj.out_features * x.element_size()
+    if activations <= MLP_CHUNK_BYTES:
+        return mlp.compute(x, mlp.act_fn)
+    return chunked(mlp, x, MLP_CHUNK_BYTES, onednn_in_force)

@@ -1,7 +1,7 @@
 """What every swapformer model shares: weight initialisation, the backend check made when a backend
 is chosen, saving with generated remote code. What base models and task heads share about inputs and
-outputs (the cache argument included) lives in heads.py, losses in losses.py, generate()'s weight
-copies in decoding_weights.py."""
+outputs (the cache argument included) is gathered in task_heads.py, losses in losses.py, generate()'s
+weight copies in cpu/weight_copies.py."""
 
 from __future__ import annotations
 

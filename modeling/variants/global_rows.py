@@ -7,9 +7,13 @@ Shape legend: B batch, T queries, S keys, R global query rows, E hidden size, H 
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 from torch import nn
 
+from ...configuration.backends import LAYER_TYPE_PATTERN
+from ...configuration.configuration_swapformer import GLOBAL_KINDS
 from ..attention.functions import attention_probabilities, repeat_kv
 from ..attention.masks import AttentionPattern
 from ..core.layers import Attention
@@ -79,3 +83,14 @@ def global_rows(attn: nn.Module, hidden_states, out, weights, pattern: Attention
         new = torch.where(keep.transpose(1, 2), probs.to(weights.dtype), torch.gather(weights, 2, index))
         weights = weights.scatter(2, index, new)
     return out, weights
+
+
+def pattern_for_backend(stack, layer_type: str, pattern: AttentionPattern) -> AttentionPattern:
+    """The pattern the backend's mask is lowered from: with `global_projections`, the global query
+    rows are left out (their every-key rows would be computed and thrown away), since the layers
+    replace those rows by attention through the global projections (global_rows.py)."""
+    if not stack.config.global_projections or stack.causal or pattern.global_queries is None:
+        return pattern
+    if LAYER_TYPE_PATTERN[layer_type] not in GLOBAL_KINDS:
+        return pattern
+    return dataclasses.replace(pattern, global_queries=None)

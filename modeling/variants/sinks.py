@@ -32,7 +32,6 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..attention.functions import run_planned
 from ..sparse.sparse_layout import BlockLayout, dead_rows
 
 # Backends that compute the definition themselves (attention_probabilities reads module.sinks).
@@ -40,14 +39,14 @@ NATIVE = ("eager",)
 
 
 def run_with_sinks(module: nn.Module, plan, q, k, v, attention_mask, output_attentions: bool, **kwargs):
-    """`attention.run_planned` for a layer with learned sinks: eager computes them by definition,
+    """`AttentionBase.run_backend` (layers.py) for a layer with learned sinks: eager computes them by definition,
     every other backend's function gets them folded in as one extra key (`attend_with_sinks`)."""
     fn = (
         None
         if plan.backend in NATIVE
         else partial(attend_with_sinks, plan.attention_fn, pattern=plan.pattern)
     )
-    return run_planned(module, plan, q, k, v, attention_mask, output_attentions, fn=fn, **kwargs)
+    return module.run_backend(plan, q, k, v, attention_mask, output_attentions, fn=fn, **kwargs)
 
 
 def sink_key_inputs(module: nn.Module, query, key, value, scaling: float, first: bool = False):

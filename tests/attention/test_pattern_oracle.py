@@ -27,7 +27,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import swapformer
-from swapformer.modeling.attention import functions as attention_module
+from swapformer.modeling.core import layers as attention_module
 from swapformer.modeling.sparse import sparse as sparse_module
 
 from conftest import SPARSE_CPU_ROUTES, build, odd_strides, tiny_config

@@ -17,8 +17,8 @@ import torch
 
 import swapformer
 from swapformer import env as env_module
+from swapformer.modeling.cpu import route_choice, sparse_native
 from swapformer.modeling.cpu import routes as routes_module
-from swapformer.modeling.cpu import sparse_native
 
 from conftest import route_env_fixture
 
@@ -67,7 +67,7 @@ def test_env_says_which_routes_are_in_force_and_why():
     assert all(data[line] == "off (cpu_routes(False))" for line in ("CPU routes", *ROUTE_LINES)), data
 
 
-@pytest.mark.skipif(not routes_module._onednn_available(), reason="this torch build has no oneDNN linear op")
+@pytest.mark.skipif(not route_choice.onednn_available(), reason="this torch build has no oneDNN linear op")
 @pytest.mark.parametrize(
     "capability, vendor, line",
     [
@@ -79,7 +79,7 @@ def test_env_says_which_routes_are_in_force_and_why():
 )
 def test_env_says_why_auto_chose_the_linear_route(capability, vendor, line, env_linear, monkeypatch):
     monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: capability)
-    monkeypatch.setattr(routes_module, "cpu_vendor", lambda: vendor)
+    monkeypatch.setattr(route_choice, "cpu_vendor", lambda: vendor)
     env_linear(None)
     data = env_module.report()["speed routes"]
     assert data["linear"] == line and swapformer.cpu_linear_route() == line.split()[0]

@@ -363,7 +363,7 @@ def test_mlp_without_gradients_in_row_chunks_equals_one_pass(mlp_type, act, bias
     linear route) or called per chunk (the oneDNN route); the result equals one pass. A forward hook
     on a projection turns that off: the hook sees one call with the whole, untouched output."""
     from swapformer.modeling.core import layers as layers
-    from swapformer.modeling.cpu import mlp as chunking
+    from swapformer.modeling.cpu import routes as chunking
 
     config = tiny_config("encoder", mlp_type=mlp_type, hidden_act=act, mlp_bias=bias)
     mlp = layers.MLP(config).eval()
@@ -388,7 +388,7 @@ def test_mlp_row_chunks_call_projections_that_are_not_plain_linears(monkeypatch)
     """The chunked MLP writes a projection's output straight into its buffer only for a plain
     `nn.Linear`; a wrapped or subclassed projection (PEFT, quantization) is called as a module."""
     from swapformer.modeling.core import layers as layers
-    from swapformer.modeling.cpu import mlp as chunking
+    from swapformer.modeling.cpu import routes as chunking
 
     class Shifted(nn.Linear):
         def forward(self, x):

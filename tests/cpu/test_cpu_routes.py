@@ -16,7 +16,7 @@ import pytest
 import torch
 
 import swapformer
-from swapformer.modeling.cpu import mlp, routes, weight_copies
+from swapformer.modeling.cpu import mlp, route_choice, routes, weight_copies
 from swapformer.modeling.cpu.weight_copies import DecodingWeights
 from swapformer.modeling.sparse import sparse as sparse
 
@@ -81,7 +81,7 @@ def all_routes(on: bool):
 def test_switch_off_runs_the_plain_torch_expressions(arch, monkeypatch):
     config = pattern_config(arch, "sliding_global_attention")
     model = build(CLASSES[arch], config, attn="sparse")
-    monkeypatch.setattr(mlp, "MLP_CHUNK_BYTES", 4 * config.intermediate_size * 4)  # 4 rows a chunk
+    monkeypatch.setattr(routes, "MLP_CHUNK_BYTES", 4 * config.intermediate_size * 4)  # 4 rows a chunk
     model.decoding_copies = "all"
     calls = watch_routes(monkeypatch, forbid=False)
     with all_routes(on=True):
@@ -92,10 +92,10 @@ def test_switch_off_runs_the_plain_torch_expressions(arch, monkeypatch):
 
     with all_routes(on=False):  # the oracle: each route's own switch on torch's path
         model.decoding_copies = "none"
-        monkeypatch.setattr(mlp, "MLP_CHUNK_BYTES", 2**62)
+        monkeypatch.setattr(routes, "MLP_CHUNK_BYTES", 2**62)
         plain = run(model, arch)
     model.decoding_copies = "all"
-    monkeypatch.setattr(mlp, "MLP_CHUNK_BYTES", 4 * config.intermediate_size * 4)
+    monkeypatch.setattr(routes, "MLP_CHUNK_BYTES", 4 * config.intermediate_size * 4)
     watch_routes(monkeypatch, forbid=True)
     with all_routes(on=True), swapformer.cpu_routes(False):  # the one switch wins over the others
         off = run(model, arch)
@@ -134,7 +134,7 @@ def test_a_wrong_switch_is_refused_where_it_is_given(env_switch):
         build(swapformer.EncoderModel, pattern_config("encoder", "full_attention"))  # when the model is built
 
 
-@pytest.mark.skipif(not routes._onednn_available(), reason="this torch build has no oneDNN linear op")
+@pytest.mark.skipif(not route_choice.onednn_available(), reason="this torch build has no oneDNN linear op")
 def test_the_environment_turns_every_route_off_in_a_fresh_process():
     """SWAPFORMER_CPU_ROUTES=off wins over SWAPFORMER_CPU_LINEAR=onednn, from the first call."""
     code = (

@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import swapformer
-from swapformer.modeling.cpu import mlp as mlp_module
+from swapformer.modeling.cpu import route_choice
 from swapformer.modeling.cpu import routes as routes_module
 from swapformer.modeling.cpu.routes import cpu_linear, cpu_linear_route, project
 from swapformer.modeling.cpu.weight_copies import DecodingWeights, input_major_copy
@@ -20,7 +20,7 @@ from conftest import build, max_diff, route_env_fixture, tiny_config
 ONEDNN_OP = "mkldnn::_linear_pointwise"
 
 pytestmark = pytest.mark.skipif(
-    not routes_module._onednn_available(), reason="this torch build has no oneDNN linear op"
+    not route_choice.onednn_available(), reason="this torch build has no oneDNN linear op"
 )
 
 
@@ -238,7 +238,7 @@ def test_environment_variable_chooses_the_route(env_route, monkeypatch):
     )
     for capability, vendor, route in cases:
         monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda c=capability: c)
-        monkeypatch.setattr(routes_module, "cpu_vendor", lambda v=vendor: v)
+        monkeypatch.setattr(route_choice, "cpu_vendor", lambda v=vendor: v)
         env_route(None)  # unset: "auto"
         assert cpu_linear_route() == route, (capability, vendor)
         with cpu_linear("auto"):
@@ -255,7 +255,7 @@ def test_a_wrong_route_is_refused_where_it_is_given(env_route):
 
 
 def test_onednn_route_forced_without_onednn_is_refused(monkeypatch):
-    monkeypatch.setattr(routes_module, "_onednn_available", lambda: False)
+    monkeypatch.setattr(route_choice, "onednn_available", lambda: False)
     with pytest.raises(ValueError, match="no oneDNN linear op.*use 'auto' or 'torch'"):
         with cpu_linear("onednn"):
             pass
@@ -292,7 +292,7 @@ def test_mlp_row_chunks_on_the_onednn_route(monkeypatch):
     x = torch.randn(2, 37, config.hidden_size)
     with torch.enable_grad():
         whole = mlp(x).detach()
-    monkeypatch.setattr(mlp_module, "MLP_CHUNK_BYTES", 5 * config.intermediate_size * x.element_size())
+    monkeypatch.setattr(routes_module, "MLP_CHUNK_BYTES", 5 * config.intermediate_size * x.element_size())
     with torch.no_grad(), cpu_linear("onednn"):
         ops = ops_run(lambda: mlp(x))
         chunked = mlp(x)
