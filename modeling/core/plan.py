@@ -17,8 +17,9 @@ from dataclasses import dataclass
 
 import torch
 
-from ...configuration.backends import LAYER_TYPE_PATTERN, PER_LAYER_BACKEND, check_batch_feature
+from ...configuration.backends import AUTO_BACKEND, LAYER_TYPE_PATTERN, PER_LAYER_BACKEND, check_batch_feature
 from ...configuration.configuration_swapformer import GLOBAL_KINDS
+from ..attention.auto_backend import resolve as resolve_auto
 from ..attention.custom_masks import custom_mask_at_keys, refuse_custom_mask_backends
 from ..attention.functions import check_backend_for_batch, eager_attention_forward, lower_mask
 from ..attention.masks import AttentionPattern, KernelMask
@@ -115,6 +116,8 @@ class ForwardPlan:
             for lt in dict.fromkeys(stack.layer_types)
         }
         backends = layer_backends(config, patterns)
+        if AUTO_BACKEND in backends.values():  # issue 30: measured choices (attention/auto_backend.py)
+            backends = resolve_auto(stack, patterns, backends, dtype)
         if positions.packing is not None or encoder_packing is not None:
             for backend in sorted(set(backends.values())):
                 check_batch_feature(
