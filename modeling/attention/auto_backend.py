@@ -250,7 +250,19 @@ def layer_config(stack, layer_type: str) -> dict:
 
 def cached_choices() -> list[str]:
     """The disk cache's choices measured by this torch and swapformer, one line each (`swapformer env`)."""
-    return [str(_from_entry(e)) for e in entries().values() if "situation" in e]
+    return [
+        f"{_layer_summary(e['situation'])}: {_from_entry(e)}" for e in entries().values() if "situation" in e
+    ]
+
+
+def _layer_summary(s: dict) -> str:
+    """A layer config as a short phrase: "sliding (window 128, 12 heads x 64, causal)"."""
+    parts = [f"window {s['window']}"] if s.get("window") else []
+    parts += [f"{s['global_tokens']} global"] if s.get("global_tokens") else []
+    parts += [f"{s['random_blocks']} random blocks of {s['block_size']}"] if s.get("random_blocks") else []
+    heads = f"{s['heads']} heads" + (f" ({s['kv_heads']} kv)" if s["kv_heads"] != s["heads"] else "")
+    parts += [f"{heads} x {s['head_dim']}", "causal" if s["causal"] else "bidirectional"]
+    return f"{s['kind']} ({', '.join(parts)})"
 
 
 def known_choices(stack, layer_type: str) -> list[Choice]:
