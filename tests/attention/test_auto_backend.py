@@ -16,7 +16,7 @@ import swapformer
 from swapformer.configuration.backends import BACKENDS, check_backend_for_config, check_backend_for_forward
 from swapformer.modeling.attention import auto_backend, auto_cache
 
-from conftest import ROOT, build, padded_batch, pattern_config, run_python
+from conftest import MLA_TINY, ROOT, build, padded_batch, pattern_config, run_python, tiny_config
 
 KINDS = ("full_attention", "sliding_attention", "sliding_global_attention", "bigbird_attention")
 ARCH_CLASSES = {"encoder": swapformer.EncoderModel, "decoder": swapformer.DecoderForCausalLM}
@@ -134,6 +134,56 @@ def test_cached_decoding_equals_eager(layer_type, auto_cache_dir):
         torch.testing.assert_close(got, want)
     steps = {c.situation["step"] for c in auto.attention_plan().row(layer_type).choices}
     assert steps == {"prefill", "decode"}
+
+
+VARIANTS = {
+    "seq2seq bigbird": (
+        swapformer.Seq2SeqForConditionalGeneration,
+        lambda: pattern_config("seq2seq", "bigbird_attention"),
+    ),
+    "latent attention": (swapformer.DecoderForCausalLM, lambda: tiny_config("decoder", **MLA_TINY)),
+    "linformer": (swapformer.EncoderModel, lambda: tiny_config("encoder", linformer_k=8)),
+    "sinks, gqa, alibi": (
+        swapformer.DecoderForCausalLM,
+        lambda: pattern_config(
+            "decoder",
+            "sliding_global_attention",
+            attention_sinks=True,
+            num_key_value_heads=2,
+            position_embedding_type="alibi",
+        ),
+    ),  # fmt: skip
+    "t5 bias, global projections": (
+        swapformer.EncoderModel,
+        lambda: pattern_config(
+            "encoder",
+            "sliding_global_attention",
+            position_embedding_type="relative_bias",
+            global_projections=True,
+        ),
+    ),
+}
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_the_twin_measures_every_variant_and_auto_equals_eager(variant, auto_cache_dir):
+    """The one-layer twin is built from the stack's own class and config: seq2seq halves, MLA, Linformer,
+    sinks, biases and global projections are measured as they run."""
+    model_class, make_config = VARIANTS[variant]
+    auto, eager = (build(model_class, make_config(), attn=a) for a in ("auto", "eager"))
+    ids, mask = padded_batch(
+        length=20, padding="left" if model_class is swapformer.DecoderForCausalLM else "right"
+    )
+    extra = (
+        {"decoder_input_ids": ids[:, :7]} if model_class is swapformer.Seq2SeqForConditionalGeneration else {}
+    )
+    with torch.no_grad():
+        got, want = (m(ids, attention_mask=mask, **extra) for m in (auto, eager))
+    key = "logits" if hasattr(want, "logits") else "last_hidden_state"
+    torch.testing.assert_close(getattr(got, key), getattr(want, key))
+    assert all(r.choices and r.choices[0].how == "measured now" for r in auto.attention_plan().rows), str(
+        auto.attention_plan()
+    )
 
 
 def test_choice_is_measured_once_and_shown(auto_cache_dir, monkeypatch):
