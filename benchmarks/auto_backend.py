@@ -126,33 +126,21 @@ def cell(arch: str, kind: str, length: int, mode: str, args) -> dict:
     }
 
 
-def table(results: dict, names: list[str]) -> str:
+def header(names: list[str]) -> str:
     head = ["arch", "kind", "tokens", "mode", *(f"{n} (ms)" for n in names), "auto (ms)", "auto ran"]
     head += ["auto / best", f"{DEFAULT} (default) / auto", "auto's 1st call (ms)", "max diff vs eager"]
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for (arch, kind, length, mode), r in results.items():
-        times = [
-            f"{r['seconds'][n] * 1e3:.1f}"
-            if n in r["seconds"]
-            else f"skipped: {r['skipped'].get(n, 'not a candidate')}"
-            for n in names
-        ]
-        row = [
-            arch,
-            kind,
-            str(length),
-            mode,
-            *times,
-            f"{r['seconds']['auto'] * 1e3:.1f}",
-            ", ".join(r["auto_ran"]),
-        ]
-        row += [
-            f"{r['auto_over_best']:.3f}",
-            f"{r['default_over_auto']:.2f}x",
-            f"{r['auto_first_call'] * 1e3:.0f}",
-        ]
-        lines.append("| " + " | ".join(row + [f"{r['max_diff']:.1e}"]) + " |")
-    return "\n".join(lines)
+    return "\n".join(["| " + " | ".join(head) + " |", "|" + "---|" * len(head)])
+
+
+def line(key: tuple, r: dict, names: list[str]) -> str:
+    """One cell's row: each backend's best time (or why it did not run), auto's, and the ratios."""
+    times = [
+        f"{r['seconds'][n] * 1e3:.1f}" if n in r["seconds"] else r["skipped"].get(n, "not a candidate")
+        for n in names
+    ]
+    auto = [f"{r['seconds']['auto'] * 1e3:.1f}", ", ".join(r["auto_ran"]), f"{r['auto_over_best']:.3f}"]
+    auto += [f"{r['default_over_auto']:.2f}x", f"{r['auto_first_call'] * 1e3:.0f}", f"{r['max_diff']:.1e}"]
+    return "| " + " | ".join([*map(str, key), *times, *auto]) + " |"
 
 
 def main(argv=None) -> dict:
@@ -184,14 +172,16 @@ def main(argv=None) -> dict:
     print(
         f"{machine()}; {torch.get_num_threads()} threads; torch {torch.__version__}; cache {os.environ['SWAPFORMER_CACHE_DIR']}"
     )
+    names = ["eager", "sdpa", "sparse", *(["flex_attention"] if args.with_flex else [])]
+    print(header(names), flush=True)
     results = {}
     for arch in args.archs:
         for kind in args.kinds:
             for length in lengths:
                 for mode in args.modes:
-                    results[(arch, kind, length, mode)] = cell(arch, kind, length, mode, args)
-    names = sorted({n for r in results.values() for n in [*r["seconds"], *r["skipped"]] if n != "auto"})
-    print(table(results, names))
+                    key = (arch, kind, length, mode)
+                    results[key] = cell(arch, kind, length, mode, args)
+                    print(line(key, results[key], names), flush=True)
     print(f"after: {machine()}")
     return results
 

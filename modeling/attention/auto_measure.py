@@ -5,10 +5,11 @@ The twin is the stack's own class built from a copy of its config with one layer
 vocabulary of 16 and an MLP 8 wide, so its time is mostly attention. A situation is measured as the model
 will run: a forward (no gradients), forward + backward (gradients), or one-token steps against a cache
 filled to the length (decode). Bounds: a warm-up call at 2 blocks of tokens per candidate (first-call
-costs: allocations, a native kernel's loading), then timed runs, best of at most `RUNS` within `BUDGET_S`
-each; a candidate whose first timed run takes over `DROP_RATIO` x the best time so far is dropped after
-that one run. Candidates come in the static order (the likely fastest first), so a long situation costs
-about one run of the winner plus one of each loser. The global RNG (CPU and the device) is saved and
+costs: allocations, a native kernel's loading) and one timed run; a candidate whose timed run takes over
+`DROP_RATIO` x the best time so far is dropped after it. The others then run in turn, in rounds (drift of
+a busy machine falls on all of them), each keeping its best, until `RUNS` runs or `BUDGET_S` per candidate.
+Candidates come in the static order (the likely fastest first), so a long situation costs about one run of
+each candidate, and a typical one well under a second. The global RNG (CPU and the device) is saved and
 restored: measuring does not change what a user's seeded run draws.
 """
 
@@ -23,7 +24,7 @@ from transformers import DynamicCache, EncoderDecoderCache, PreTrainedModel
 from ..caches.cache import dynamic_cache
 
 RUNS = 5
-BUDGET_S = 0.15  # per candidate, after its first timed run
+BUDGET_S = 0.15  # seconds of timed runs per candidate kept, beyond which no new round starts
 DROP_RATIO = 2.0
 
 
@@ -35,28 +36,25 @@ def measure_candidates(stack, layer_type: str, situation: dict, candidates: list
     with torch.random.fork_rng(devices=devices), torch.set_grad_enabled(grad):
         twin = _twin(stack, layer_type, situation["bucket"]).to(device=device, dtype=dtype)
         twin.train(grad or situation["dropout"])
+        runs = {name: _runner(twin, name, situation, device) for name in candidates}
         times, dropped = {}, {}
-        for name in candidates:
-            twin.config._attn_implementation_internal = name
-            run = _runner(twin, situation, device)
+        for name, run in runs.items():  # one warm-up and one timed run each, dropping the slow ones
             run(warm_up=True)
-            first = _timed(run, device)
-            best = min(times.values(), default=None)
+            first, best = _timed(run, device), min(times.values(), default=None)
             if best is not None and first > DROP_RATIO * best:
                 dropped[name] = (
                     f"first run {first * 1e3:.2f} ms > {DROP_RATIO:g}x the best ({best * 1e3:.2f} ms)"
                 )
-                continue
-            times[name] = _best(run, device, first)
+            else:
+                times[name] = first
+        # then rounds of the others in turn, so a busy machine's drift falls on all of them
+        spent, rounds = sum(times.values()), 1
+        while rounds < RUNS and spent < BUDGET_S * len(times):
+            for name in times:
+                t = _timed(runs[name], device)
+                spent, times[name] = spent + t, min(times[name], t)
+            rounds += 1
     return {n: round(t * 1e3, 4) for n, t in times.items()}, dropped
-
-
-def _best(run, device, first: float) -> float:
-    spent, best, runs = first, first, 1
-    while runs < RUNS and spent < BUDGET_S:
-        t = _timed(run, device)
-        spent, best, runs = spent + t, min(best, t), runs + 1
-    return best
 
 
 def _timed(run, device) -> float:
@@ -85,8 +83,9 @@ def _twin(stack, layer_type: str, length: int):
     return type(stack)(config)
 
 
-def _runner(twin, situation: dict, device):
-    """A call that runs one measured step of `situation` on `twin` (`warm_up=True`: at two blocks)."""
+def _runner(twin, backend: str, situation: dict, device):
+    """A call that runs one measured step of `situation` on `twin` with `backend` (`warm_up=True`: a forward
+    at two blocks, or the prefill of a decode step)."""
     length, decode = situation["bucket"], situation["step"] == "decode"
     causal = twin.causal
     ids = torch.randint(3, 16, (1, length), device=device)
@@ -95,9 +94,8 @@ def _runner(twin, situation: dict, device):
         extra["encoder_hidden_states"] = torch.randn(1, length, twin.config.hidden_size, device=device)
         extra["encoder_hidden_states"] = extra["encoder_hidden_states"].to(next(twin.parameters()).dtype)
 
-    pad = max(
-        1, length // 8
-    )  # padding tokens: on the left of a causal row (fixed while decoding), else right
+    # padded situations: an eighth of the tokens, on the left of a causal row (fixed while decoding), else right
+    pad = max(1, length // 8)
 
     def mask(n: int):
         if not situation["padded"]:
@@ -108,6 +106,7 @@ def _runner(twin, situation: dict, device):
         )
 
     def forward(n: int):
+        twin.config._attn_implementation_internal = backend
         out = twin(ids[:, :n], attention_mask=mask(n), **extra)
         if situation["grad"]:
             twin.zero_grad(set_to_none=True)
@@ -118,6 +117,7 @@ def _runner(twin, situation: dict, device):
     state = {}
 
     def step(warm_up=False):
+        twin.config._attn_implementation_internal = backend
         if warm_up or "cache" not in state:
             state["cache"] = _fresh_cache(twin)
             state["n"] = length - 1
