@@ -2,7 +2,8 @@
 twin of the stack, with that layer type's attention config, at the length the situation stands for.
 
 The twin is the stack's own class built from a copy of its config with one layer of the type measured, a
-vocabulary of 16 and an MLP 8 wide, so its time is mostly attention. A situation is measured as the model
+residual stream at most 64 wide (the heads keep their number and width), a vocabulary of 16 and an MLP 8
+wide, so its time is mostly attention. A situation is measured as the model
 will run: a forward (no gradients), forward + backward (gradients), or one-token steps against a cache
 filled to the length (decode). Bounds: a warm-up call at 2 blocks of tokens per candidate (first-call
 costs: allocations, a native kernel's loading) and one timed run; a candidate whose timed run takes over
@@ -74,7 +75,9 @@ def _twin(stack, layer_type: str, length: int):
     config.num_hidden_layers, config.layer_types = 1, [layer_type]
     if seq2seq:
         config.decoder_layers, config.decoder_layer_types = 1, [layer_type]
-    config.vocab_size, config.intermediate_size = 16, 8
+    # attention's shapes are the heads' (head_dim is explicit once a config is built); a narrow residual
+    # stream, vocabulary and MLP keep the rest of the twin cheap, so its time is mostly attention
+    config.hidden_size, config.vocab_size, config.intermediate_size = min(config.hidden_size, 64), 16, 8
     config.pad_token_id = 0 if config.pad_token_id is not None else None
     config.max_position_embeddings = max(config.max_position_embeddings, length + 8)
     config.hidden_dropout, config.use_cache = 0.0, False  # a prefill builds no cache it would not use
