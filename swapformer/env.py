@@ -155,12 +155,13 @@ def _auto_choices() -> dict:
     """attn_implementation="auto": where its cache is, and each choice cached there for this torch and
     swapformer (entries of other versions are counted, not listed: auto ignores them)."""
     from .modeling.attention import auto_backend, auto_cache
+    from .modeling.heads.attention_plan import cached_choices
 
     current, every = auto_cache.entries(), auto_cache.entries(current=False)
     return {
         "cache": str(auto_cache.cache_file()),
         "mode": os.environ.get(auto_backend.ENV, "measure"),
-        "choices": auto_backend.cached_choices() or "none cached",
+        "choices": cached_choices() or "none cached",
         "entries of other versions (ignored)": len(every) - len(current),
     }
 

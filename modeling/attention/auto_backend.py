@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 import os
+import weakref
 from dataclasses import dataclass, field
 from functools import cache
 
@@ -37,7 +38,7 @@ from ...configuration.backends import (
     LAYER_TYPE_PATTERN,
 )
 from ..cpu.routes import cpu_info, cpu_routes_on
-from .auto_cache import cache_file, entries, lookup, store
+from .auto_cache import cache_file, lookup, store
 from .auto_cache import forget as forget_cache
 from .auto_measure import measure_candidates
 
@@ -223,7 +224,19 @@ def _cuda_name(index: int) -> str:
 
 
 def layer_config(stack, layer_type: str) -> dict:
-    """The attention config of `layer_type`'s layers of `stack`: what decides their cost."""
+    """The attention config of `layer_type`'s layers of `stack`: what decides their cost. Read once per stack
+    (a built model's attention config does not change: its layers were made from it; config attribute reads
+    cost microseconds each, and a forward should pay nothing measurable)."""
+    known = _layer_configs.setdefault(stack, {})
+    if layer_type not in known:
+        known[layer_type] = _read_layer_config(stack, layer_type)
+    return known[layer_type]
+
+
+_layer_configs: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # stack -> {layer type: config}
+
+
+def _read_layer_config(stack, layer_type: str) -> dict:
     config = stack.config
     kind = LAYER_TYPE_PATTERN[layer_type]
     windowed, global_kind = kind != "full", kind in GLOBAL_KINDS
@@ -248,50 +261,13 @@ def layer_config(stack, layer_type: str) -> dict:
     }
 
 
-def cached_choices() -> list[str]:
-    """The disk cache's choices measured by this torch and swapformer, one line each (`swapformer env`)."""
-    return [
-        f"{_layer_summary(e['situation'])}: {_from_entry(e)}" for e in entries().values() if "situation" in e
-    ]
-
-
-def _layer_summary(s: dict) -> str:
-    """A layer config as a short phrase: "sliding (window 128, 12 heads x 64, causal)"."""
-    parts = [f"window {s['window']}"] if s.get("window") else []
-    parts += [f"{s['global_tokens']} global"] if s.get("global_tokens") else []
-    parts += [f"{s['random_blocks']} random blocks of {s['block_size']}"] if s.get("random_blocks") else []
-    heads = f"{s['heads']} heads" + (f" ({s['kv_heads']} kv)" if s["kv_heads"] != s["heads"] else "")
-    parts += [f"{heads} x {s['head_dim']}", "causal" if s["causal"] else "bidirectional"]
-    return f"{s['kind']} ({', '.join(parts)})"
-
-
-def known_choices(stack, layer_type: str) -> list[Choice]:
-    """Every choice made for layers configured as `layer_type`'s of `stack`: this process's, then the disk
-    cache's (other lengths and situations measured earlier on this machine)."""
-    fields = layer_config(stack, layer_type)
-    mine = [c for c in _choices.values() if _matches(c.situation, fields)]
-    seen = {json.dumps(c.situation, sort_keys=True) for c in mine}
-    cached = [
-        _from_entry(e)
-        for key, e in entries().items()
-        if key not in seen and _matches(e.get("situation", {}), fields)
-    ]
-    return mine + cached
-
-
-def _matches(situation: dict, fields: dict) -> bool:
-    return all(situation.get(name) == value for name, value in fields.items())
-
-
-def _from_entry(entry: dict) -> Choice:
-    how = f"measured {entry.get('measured', '')} (cache)"
-    return Choice(
-        entry["situation"], entry["choice"], how, entry.get("times_ms", {}), entry.get("dropped", {})
-    )
-
-
 def forget() -> None:
     """Forget this process's choices and re-read the disk cache (tests)."""
     _choices.clear()
     measured_here.clear()
     forget_cache()
+
+
+def choices_made() -> list[Choice]:
+    """This process's choices, in the order they were made."""
+    return list(_choices.values())

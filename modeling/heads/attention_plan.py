@@ -4,9 +4,11 @@ static order). Read-only: it measures nothing and changes nothing."""
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 
-from ..attention.auto_backend import AUTO_BACKEND, LAYER_TYPE_PATTERN, Choice, known_choices
+from ..attention.auto_backend import AUTO_BACKEND, LAYER_TYPE_PATTERN, Choice, choices_made, layer_config
+from ..attention.auto_cache import entries
 
 
 @dataclass(frozen=True)
@@ -55,3 +57,45 @@ def attention_plan(model) -> AttentionPlan:
             choices = tuple(known_choices(stack, layer_type)) if requested == AUTO_BACKEND else ()
             rows.append(PlanRow(name, layer_type, LAYER_TYPE_PATTERN[layer_type], requested, choices))
     return AttentionPlan(tuple(rows))
+
+
+def cached_choices() -> list[str]:
+    """The disk cache's choices measured by this torch and swapformer, one line each (`swapformer env`)."""
+    return [
+        f"{_layer_summary(e['situation'])}: {_from_entry(e)}" for e in entries().values() if "situation" in e
+    ]
+
+
+def _layer_summary(s: dict) -> str:
+    """A layer config as a short phrase: "sliding (window 128, 12 heads x 64, causal)"."""
+    parts = [f"window {s['window']}"] if s.get("window") else []
+    parts += [f"{s['global_tokens']} global"] if s.get("global_tokens") else []
+    parts += [f"{s['random_blocks']} random blocks of {s['block_size']}"] if s.get("random_blocks") else []
+    heads = f"{s['heads']} heads" + (f" ({s['kv_heads']} kv)" if s["kv_heads"] != s["heads"] else "")
+    parts += [f"{heads} x {s['head_dim']}", "causal" if s["causal"] else "bidirectional"]
+    return f"{s['kind']} ({', '.join(parts)})"
+
+
+def known_choices(stack, layer_type: str) -> list[Choice]:
+    """Every choice made for layers configured as `layer_type`'s of `stack`: this process's, then the disk
+    cache's (other lengths and situations measured earlier on this machine)."""
+    fields = layer_config(stack, layer_type)
+    mine = [c for c in choices_made() if _matches(c.situation, fields)]
+    seen = {json.dumps(c.situation, sort_keys=True) for c in mine}
+    cached = [
+        _from_entry(e)
+        for key, e in entries().items()
+        if key not in seen and _matches(e.get("situation", {}), fields)
+    ]
+    return mine + cached
+
+
+def _matches(situation: dict, fields: dict) -> bool:
+    return all(situation.get(name) == value for name, value in fields.items())
+
+
+def _from_entry(entry: dict) -> Choice:
+    how = f"measured {entry.get('measured', '')} (cache)"
+    return Choice(
+        entry["situation"], entry["choice"], how, entry.get("times_ms", {}), entry.get("dropped", {})
+    )
