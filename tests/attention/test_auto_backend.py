@@ -1,7 +1,7 @@
 """attn_implementation="auto" (issue 30): per layer type, the fastest backend the capability table accepts
 for the forward at hand, measured on this machine once per situation and cached on disk.
 
-Every test points the cache at its tmp_path (`auto_cache`): nothing is written to the user's home."""
+Every test points the cache at its tmp_path (`conftest.auto_cache_dir`): nothing is written to the user's home."""
 
 from __future__ import annotations
 
@@ -20,17 +20,6 @@ from conftest import MLA_TINY, ROOT, build, padded_batch, pattern_config, run_py
 
 KINDS = ("full_attention", "sliding_attention", "sliding_global_attention", "bigbird_attention")
 ARCH_CLASSES = {"encoder": swapformer.EncoderModel, "decoder": swapformer.DecoderForCausalLM}
-
-
-@pytest.fixture
-def auto_cache_dir(tmp_path, monkeypatch):
-    """The cache in tmp_path, measurement on, nothing remembered from earlier tests."""
-    folder = tmp_path / "auto-cache"
-    monkeypatch.setenv("SWAPFORMER_CACHE_DIR", str(folder))
-    monkeypatch.delenv("SWAPFORMER_AUTO", raising=False)
-    auto_backend.forget()
-    yield folder
-    auto_backend.forget()
 
 
 def outputs(model, ids, mask):

@@ -14,22 +14,11 @@ import torch
 
 import swapformer
 from swapformer.cli import main
-from swapformer.modeling.attention import auto_backend
 
 from conftest import pattern_config
 from training_runs import tiny_argv
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # conftest.one_thread
-
-
-@pytest.fixture
-def auto_cache_dir(tmp_path, monkeypatch):
-    folder = tmp_path / "auto-cache"
-    monkeypatch.setenv("SWAPFORMER_CACHE_DIR", str(folder))
-    monkeypatch.delenv("SWAPFORMER_AUTO", raising=False)
-    auto_backend.forget()
-    yield folder
-    auto_backend.forget()
 
 
 def test_train_with_attn_auto_records_the_choices(tmp_path, text_folder, auto_cache_dir):
