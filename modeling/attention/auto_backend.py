@@ -50,6 +50,10 @@ MODES = {
 FLOOR = 256  # the shortest length bucket: below it every backend takes about the same time
 GLOBAL_KINDS = ("sliding_global", "bigbird")
 
+# read once: a package lookup (nothing imported), and a dtype's name, as constants torch.compile can trace
+_INSTALLED = {name: installed(caps) for name, caps in BACKENDS.items()}
+_DTYPE_NAMES = {getattr(torch, name): name for name in ("float32", "float16", "bfloat16", "float64")}
+
 __all__ = [
     "AUTO_BACKEND",
     "LAYER_TYPE_PATTERN",
@@ -86,7 +90,7 @@ class Choice:
         return f"{self.backend} ({where}{', ' + ', '.join(flags) if flags else ''}; {self.how}{detail})"
 
 
-_choices: dict[tuple, Choice] = {}  # this process's choices, by (mode, compiling, situation values)
+_choices: dict[tuple, Choice] = {}  # this process's choices, by (mode, situation values)
 measured_here: list[str] = []  # the situations this process measured (tests count them)
 
 
@@ -106,31 +110,42 @@ def resolve(stack, patterns: dict, backends: dict[str, str], dtype: torch.dtype)
     situation of `patterns[layer type]` on `stack`; `backends` itself when none is "auto"."""
     if AUTO_BACKEND not in backends.values():
         return backends
+    pick = _traced_pick if torch.compiler.is_compiling() else lambda *args: choose(*args).backend
     return {
-        lt: choose(stack, lt, patterns[lt], dtype).backend if b == AUTO_BACKEND else b
-        for lt, b in backends.items()
+        lt: pick(stack, lt, patterns[lt], dtype) if b == AUTO_BACKEND else b for lt, b in backends.items()
     }
 
 
 def choose(stack, layer_type: str, pattern, dtype: torch.dtype) -> Choice:
     """The choice for `layer_type`'s layers of `stack` in the situation `pattern` (this forward's) shows."""
-    compiling = torch.compiler.is_compiling()
     situation = situation_of(stack, layer_type, pattern, dtype)
-    memo = ("static" if compiling else mode(), compiling, *situation.values())
+    memo = (mode(), *situation.values())
     choice = _choices.get(memo)
     if choice is None:
-        choice = _choices[memo] = _decide(stack, layer_type, situation, memo[0], compiling)
+        choice = _choices[memo] = _decide(stack, layer_type, situation, memo[0])
     return choice
 
 
-def _decide(stack, layer_type: str, situation: dict, how: str, compiling: bool) -> Choice:
+def _traced_pick(stack, layer_type: str, pattern, dtype: torch.dtype) -> str:
+    """Inside torch.compile: the first of the static order that compiles, from facts the tracer reads as
+    constants (nothing measured, read from disk or recorded while tracing)."""
+    training = stack.training
+    return candidates(
+        stack.config, pattern.kind, pattern.device.type, _DTYPE_NAMES[dtype], grad=training and torch.is_grad_enabled(),
+        padded=pattern.key_valid is not None, packed=pattern.query_packing is not None,
+        custom=pattern.custom_mask is not None, compiling=True,
+        dropout=training and stack.config.attention_dropout > 0,
+    )[0]  # fmt: skip
+
+
+def _decide(stack, layer_type: str, situation: dict, how: str) -> Choice:
     s = situation
     found = candidates(
         stack.config, s["kind"], s["device"].split(":")[0], s["dtype"], grad=s["grad"], padded=s["padded"],
-        packed=s["packed"], custom=s["custom"], compiling=compiling, dropout=s["dropout"],
+        packed=s["packed"], custom=s["custom"], compiling=False, dropout=s["dropout"],
     )  # fmt: skip
     if how == "static":
-        return Choice(situation, found[0], "static order" + (" (inside torch.compile)" if compiling else ""))
+        return Choice(situation, found[0], "static order")
     if len(found) == 1:
         return Choice(situation, found[0], "the only candidate")
     key = json.dumps(situation, sort_keys=True)
@@ -159,13 +174,13 @@ def candidates(
     """The backends the capability table accepts for `kind` layers of `config`'s model on `device` in
     `dtype` with these inputs, installed, measured there (`auto_devices`), in the static order of `kind`
     (the likely fastest first). `sparse` is left out of full layers: it runs them as sdpa."""
-    dtype = str(dtype).removeprefix("torch.")
+    dtype = dtype if isinstance(dtype, str) else _DTYPE_NAMES[dtype]
     needs = [feature for feature, needed in model_needs(config).items() if needed]
     wanted = {"padding": padded, "packing": packed, "custom_mask": custom, "dropout": dropout}
 
     def accepts(name: str, caps) -> bool:
         return (
-            installed(caps)
+            _INSTALLED[name]
             and device in caps.devices
             and device in caps.auto_devices
             and dtype in caps.dtypes
@@ -179,7 +194,7 @@ def candidates(
 
     found = [name for name, caps in BACKENDS.items() if accepts(name, caps)]
     order = AUTO_STATIC_ORDER[kind]
-    return sorted(found, key=lambda n: order.index(n) if n in order else len(order))
+    return [n for n in order if n in found] + [n for n in found if n not in order]
 
 
 def situation_of(stack, layer_type: str, pattern, dtype: torch.dtype) -> dict:
@@ -190,7 +205,7 @@ def situation_of(stack, layer_type: str, pattern, dtype: torch.dtype) -> dict:
     training = stack.training
     return {
         **_machine(pattern.device),
-        "dtype": str(dtype).removeprefix("torch."),
+        "dtype": _DTYPE_NAMES[dtype],
         **layer_config(stack, layer_type),
         "bucket": max(FLOOR, 1 << max(keys - 1, 0).bit_length()),
         "step": "decode" if decode else "prefill",

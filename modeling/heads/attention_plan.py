@@ -27,7 +27,7 @@ class PlanRow:
         if self.requested != AUTO_BACKEND:
             return head
         if not self.choices:
-            return f"{head}: chosen at the first forward of each situation (none seen yet)"
+            return f"{head}: chosen at the first forward of each situation (none seen yet; compiled forwards take the static order)"
         return "\n".join([head, *(f"  -> {c}" for c in self.choices)])
 
 

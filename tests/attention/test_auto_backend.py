@@ -309,3 +309,17 @@ def test_candidates_are_what_the_table_accepts(case):
         )
         caps = BACKENDS[backend]
         assert (caps.padding or not case["padded"]) and (caps.packing or not case["packed"])
+
+
+@pytest.mark.slow  # torch.compile
+def test_a_compiled_model_takes_the_static_order_and_measures_nothing(auto_cache_dir, monkeypatch):
+    """Inside torch.compile(fullgraph=True) auto reads only constants: the static order among the backends
+    that compile, nothing measured or read from disk while tracing."""
+    monkeypatch.setattr(auto_backend, "measure_candidates", _refuse_measuring)
+    config = pattern_config("decoder", "sliding_attention")
+    auto, eager = (build(swapformer.DecoderModel, config, attn=a) for a in ("auto", "eager"))
+    ids = torch.randint(3, 60, (1, 12))
+    with torch.no_grad():
+        got = torch.compile(auto, fullgraph=True)(ids).last_hidden_state
+        torch.testing.assert_close(got, eager(ids).last_hidden_state)
+    assert not auto_cache.cache_file().exists()
