@@ -5,9 +5,10 @@ The twin is the stack's own class built from a copy of its config with one layer
 residual stream at most 64 wide (the heads keep their number and width), a vocabulary of 16 and an MLP 8
 wide, so its time is mostly attention. A situation is measured as the model
 will run: a forward (no gradients), forward + backward (gradients), or one-token steps against a cache
-filled to the length (decode). Bounds: a warm-up call at 2 blocks of tokens per candidate (first-call
-costs: allocations, a native kernel's loading) and one timed run; a candidate whose timed run takes over
-`DROP_RATIO` x the best time so far is dropped after it. The others then run in turn, in rounds (drift of
+filled to the length (decode). Bounds: a warm-up call at a quarter of the length (at least 2 blocks; a
+decode step's warm-up is its prefill) per candidate (first-call costs: allocations, a native kernel's
+loading) and one timed run; a candidate whose timed run takes over `DROP_RATIO` x the best time so far is
+dropped after it, or after its warm-up alone when that already shows it cannot win (`_hopeless`). The others then run in turn, in rounds (drift of
 a busy machine falls on all of them), each keeping its best, until `RUNS` runs or `BUDGET_S` per candidate.
 Candidates come in the static order (the likely fastest first), so a long situation costs about one run of
 each candidate, and a typical one well under a second. The global RNG (CPU and the device) is saved and
@@ -17,6 +18,7 @@ restored: measuring does not change what a user's seeded run draws.
 from __future__ import annotations
 
 import copy
+import functools
 import time
 
 import torch
@@ -27,6 +29,7 @@ from ..caches.cache import dynamic_cache
 RUNS = 5
 BUDGET_S = 0.15  # seconds of timed runs per candidate kept, beyond which no new round starts
 DROP_RATIO = 2.0
+PILOT_S = 0.05  # a warm-up at least this long predicts the full run (fixed costs are small beside it)
 
 
 def measure_candidates(stack, layer_type: str, situation: dict, candidates: list[str]):
@@ -38,24 +41,48 @@ def measure_candidates(stack, layer_type: str, situation: dict, candidates: list
         twin = _twin(stack, layer_type, situation["bucket"]).to(device=device, dtype=dtype)
         twin.train(grad or situation["dropout"])
         runs = {name: _runner(twin, name, situation, device) for name in candidates}
-        times, dropped = {}, {}
-        for name, run in runs.items():  # one warm-up and one timed run each, dropping the slow ones
-            run(warm_up=True)
-            first, best = _timed(run, device), min(times.values(), default=None)
-            if best is not None and first > DROP_RATIO * best:
-                dropped[name] = (
-                    f"first run {first * 1e3:.2f} ms > {DROP_RATIO:g}x the best ({best * 1e3:.2f} ms)"
-                )
-            else:
-                times[name] = first
-        # then rounds of the others in turn, so a busy machine's drift falls on all of them
-        spent, rounds = sum(times.values()), 1
-        while rounds < RUNS and spent < BUDGET_S * len(times):
-            for name in times:
-                t = _timed(runs[name], device)
-                spent, times[name] = spent + t, min(times[name], t)
-            rounds += 1
+        times, dropped = _first_runs(runs, situation, device)
+        _rounds(runs, times, device)
     return {n: round(t * 1e3, 4) for n, t in times.items()}, dropped
+
+
+def _first_runs(runs: dict, situation: dict, device):
+    """One warm-up and one timed run of each candidate in turn, dropping those that cannot win."""
+    times, dropped = {}, {}
+    for name, run in runs.items():
+        pilot = _timed(functools.partial(run, warm_up=True), device)
+        best = min(times.values(), default=None)
+        if best is not None and _hopeless(pilot, best, situation):
+            dropped[name] = (
+                f"its warm-up at a quarter of the length took {pilot * 1e3:.0f} ms, so at the full length it "
+                f"would take over {DROP_RATIO:g}x the best ({best * 1e3:.2f} ms)"
+            )
+            continue
+        first = _timed(run, device)
+        if best is not None and first > DROP_RATIO * best:
+            dropped[name] = f"first run {first * 1e3:.2f} ms > {DROP_RATIO:g}x the best ({best * 1e3:.2f} ms)"
+        else:
+            times[name] = first
+    return times, dropped
+
+
+def _rounds(runs: dict, times: dict, device) -> None:
+    """Rounds of the kept candidates in turn (a busy machine's drift falls on all of them), each keeping its
+    best in `times`, until `RUNS` runs or `BUDGET_S` per candidate."""
+    spent, rounds = sum(times.values()), 1
+    while rounds < RUNS and spent < BUDGET_S * len(times):
+        for name in times:
+            t = _timed(runs[name], device)
+            spent, times[name] = spent + t, min(times[name], t)
+        rounds += 1
+
+
+def _hopeless(pilot: float, best: float, situation: dict) -> bool:
+    """Whether a prefill candidate whose warm-up at a quarter of the length took `pilot` seconds cannot come
+    within `DROP_RATIO` of `best`: attention's work grows at least linearly with the length, so the full run
+    takes at least 4x the warm-up once fixed costs are small (`PILOT_S`). This keeps a long situation from
+    paying a full run of a dense backend (eager at 8k tokens: seconds and gigabytes)."""
+    return situation["step"] == "prefill" and pilot > PILOT_S and 4 * pilot > DROP_RATIO * best
 
 
 def _timed(run, device) -> float:
@@ -116,7 +143,8 @@ def _runner(twin, backend: str, situation: dict, device):
             out.last_hidden_state.float().square().mean().backward()
 
     if not decode:
-        return lambda warm_up=False: forward(2 * twin.config.attention_block_size if warm_up else length)
+        pilot = max(2 * twin.config.attention_block_size, length // 4)
+        return lambda warm_up=False: forward(pilot if warm_up else length)
     state = {}
 
     def step(warm_up=False):
