@@ -17,6 +17,8 @@ from .availability import capable, model_needs, replacements, stand_ins
 from .availability import installed as _installed
 from .capability_markdown import capability_table_markdown
 from .capability_table import (
+    AUTO_BACKEND,
+    AUTO_STATIC_ORDER,
     BACKENDS,
     DESCRIPTIONS,
     FEATURES,
@@ -43,7 +45,7 @@ def check_backend_name(name, where: str = "", config=None, devices=None) -> str:
     Worded as transformers' own models word it (`PreTrainedModel.get_correct_attn_implementation`,
     same type, same opening), followed by the names of swapformer's backends that run on this machine
     (on `devices`, and compute `config`'s model, when given); `where` ends it (which mapping entry)."""
-    if name in BACKENDS or name == PER_LAYER_BACKEND:
+    if name in BACKENDS or name in (PER_LAYER_BACKEND, AUTO_BACKEND):
         return name
     opening = f"Specified `attn_implementation={_quoted(name)}` is not supported"
     refusal = UNSUPPORTED.get(name) if isinstance(name, str) else None
@@ -97,6 +99,8 @@ def check_backend_for_config(name: str, config, devices=None) -> None:
         pairs = [(t, name) for t in layer_types]
     needs = [feature for feature, needed in model_needs(config).items() if needed]
     for layer_type, backend in pairs:
+        if backend == AUTO_BACKEND:  # chooses per forward among the backends these checks accept
+            continue
         pattern = LAYER_TYPE_PATTERN[layer_type]
         require(
             backend, f"pattern:{pattern}", f"{pattern!r} attention ({layer_type} layers)", devices=devices
@@ -139,7 +143,7 @@ def check_backend_available(name: str, config, *, cuda: bool, weight_devices: se
     target = weight_devices or available  # where the model runs: its weights', or anywhere here while built
     check_backend_for_config(name, config, target)
     backends = sorted(set(config._attn_layer_backends.values())) if name == PER_LAYER_BACKEND else [name]
-    for backend in backends:
+    for backend in (b for b in backends if b != AUTO_BACKEND):
         caps = BACKENDS[backend]
         # the device first: on a machine without one, installing the package would not help
         if not available & set(caps.devices):
@@ -228,6 +232,8 @@ def _names(backends: list[str]) -> str:
 
 __all__ = [
     "APPLIES_DROPOUT",
+    "AUTO_BACKEND",
+    "AUTO_STATIC_ORDER",
     "BACKENDS",
     "COMPILES_ON",
     "DESCRIPTIONS",

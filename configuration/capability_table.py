@@ -18,6 +18,16 @@ LAYER_TYPE_PATTERN = {
     "bigbird_attention": "bigbird",
 }
 PER_LAYER_BACKEND = "swapformer_per_layer"
+# attn_implementation="auto": per layer type, the fastest backend this table accepts for each forward, measured
+# on the machine (modeling/attention/auto_backend.py); SWAPFORMER_AUTO=static takes the first of this order
+# that the table accepts instead, measuring nothing
+AUTO_BACKEND = "auto"
+AUTO_STATIC_ORDER = {
+    "full": ("flash_attention_2", "sdpa_fa", "sdpa", "flex_attention", "eager"),
+    "sliding": ("flash_attention_2", "sparse", "sdpa", "flex_attention", "eager"),
+    "sliding_global": ("sparse", "sdpa", "flex_attention", "eager"),
+    "bigbird": ("sparse", "sdpa", "flex_attention", "eager"),
+}
 
 # Every feature, in the order of the README table.
 FEATURES = (
@@ -79,6 +89,9 @@ class Capabilities:
     needs: str = ""  # an optional package (its import name), checked when chosen
     install: str = ""  # the command that installs `needs`
     full_layers_as: str = ""  # the backend that runs this one's full_attention layers
+    # devices where attn_implementation="auto" measures it as a candidate, and why not elsewhere
+    auto_devices: tuple[str, ...] = ("cpu", "cuda")
+    no_auto: str = ""
     note: str = ""
 
 
@@ -104,6 +117,9 @@ BACKENDS: dict[str, Capabilities] = {
         compile=("cuda",),
         no_compile="torch inductor cannot lower flex attention inside a compiled model on CPU (flex compiles its own "
         "kernel when the model runs uncompiled)",
+        auto_devices=("cuda",),
+        no_auto="on CPU its first call compiles a kernel (about 15 s), far over auto's measuring budget, and it was "
+        "slower than sparse on every window pattern measured on CPU (docs/benchmarks.md)",
         sinks=False,
         no_sinks="the sink needs each row's log-sum-exp, which transformers' flex function returns only on CUDA "
         "(its s_aux path, not wired into swapformer), or one more key, which the BlockMask built from the pattern "

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from transformers import PreTrainedConfig
 
-from .backends import PER_LAYER_BACKEND, check_backend_name, check_layer_backends
+from .backends import AUTO_BACKEND, PER_LAYER_BACKEND, check_backend_name, check_layer_backends
 from .config_fields import check_fields, check_int, choice, flag, free, integer, number, probability, token_id
 from .config_rules import SHARED_RULES
 from .tp_plan import PlanOfConfig
@@ -279,6 +279,11 @@ class SwapformerConfig(PreTrainedConfig):
     def _remove_keys_not_serialized(self, d: dict) -> None:
         super()._remove_keys_not_serialized(d)
         d.pop("_attn_layer_backends", None)
+
+    def to_dict(self) -> dict:
+        """transformers' dict, plus `attn_implementation` when it is "auto", which names no machine (issue 30)."""
+        d = super().to_dict()
+        return {**d, "attn_implementation": AUTO_BACKEND} if self._attn_implementation == AUTO_BACKEND else d
 
     @property
     def rope_theta(self) -> float:

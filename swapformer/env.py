@@ -45,6 +45,8 @@ VARIABLES = (
     "SWAPFORMER_CPU_ROUTES",
     "SWAPFORMER_CPU_LINEAR",
     "SWAPFORMER_SPARSE_CPU",
+    "SWAPFORMER_AUTO",
+    "SWAPFORMER_CACHE_DIR",
     "TORCH_EXTENSIONS_DIR",
     "CXX",
     "OMP_NUM_THREADS",
@@ -149,6 +151,21 @@ def _backends() -> dict:
     return rows
 
 
+def _auto_choices() -> dict:
+    """attn_implementation="auto": where its cache is, and each choice cached there for this torch and
+    swapformer (entries of other versions are counted, not listed: auto ignores them)."""
+    from .modeling.attention import auto_backend, auto_cache
+    from .modeling.heads.attention_plan import cached_choices
+
+    current, every = auto_cache.entries(), auto_cache.entries(current=False)
+    return {
+        "cache": str(auto_cache.cache_file()),
+        "mode": os.environ.get(auto_backend.ENV, "measure"),
+        "choices": cached_choices() or "none cached",
+        "entries of other versions (ignored)": len(every) - len(current),
+    }
+
+
 def _touch_points() -> dict:
     """Each ledger's touch points: "ok" or what is missing. transformers' are checked by importing its
     ledger (it imports them all); the others one by one."""
@@ -187,6 +204,7 @@ def report() -> dict:
         "environment variables": {v: os.environ[v] for v in VARIABLES if v in os.environ} or "none set",
         "speed routes": _guarded(_routes),
         "attention backends": _guarded(_backends),
+        "auto backend choices": _guarded(_auto_choices),
         "touch points": _guarded(_touch_points),
     }
 
@@ -196,7 +214,12 @@ def markdown(data: dict) -> str:
     for key, value in data.items():
         if isinstance(value, dict):
             lines.append(f"- {key}:")
-            lines += [f"    - {k}: {v}" for k, v in value.items()]
+            for k, v in value.items():
+                lines += (
+                    [f"    - {k}:", *(f"        - {item}" for item in v)]
+                    if isinstance(v, list)
+                    else [f"    - {k}: {v}"]
+                )
         else:
             lines.append(f"- {key}: {value}")
     return "\n".join(lines)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 import importlib.util
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -304,6 +305,33 @@ def no_compiled_kernels_left():
     inside dynamo (unbacked symbols) where it passes alone."""
     yield
     torch._dynamo.reset()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def auto_cache_outside_home(tmp_path_factory):
+    """attn_implementation="auto" writes its measurements to a cache folder (default ~/.cache/swapformer):
+    for the whole session it is a temporary one, so no test writes to the user's home."""
+    before = os.environ.get("SWAPFORMER_CACHE_DIR")
+    os.environ["SWAPFORMER_CACHE_DIR"] = str(tmp_path_factory.mktemp("swapformer-cache"))
+    yield
+    if before is None:
+        del os.environ["SWAPFORMER_CACHE_DIR"]
+    else:
+        os.environ["SWAPFORMER_CACHE_DIR"] = before
+
+
+@pytest.fixture
+def auto_cache_dir(tmp_path, monkeypatch):
+    """attn_implementation="auto" with its cache in tmp_path, measuring (SWAPFORMER_AUTO unset), nothing
+    remembered from earlier tests (auto_backend.forget)."""
+    from swapformer.modeling.attention import auto_backend
+
+    folder = tmp_path / "auto-cache"
+    monkeypatch.setenv("SWAPFORMER_CACHE_DIR", str(folder))
+    monkeypatch.delenv("SWAPFORMER_AUTO", raising=False)
+    auto_backend.forget()
+    yield folder
+    auto_backend.forget()
 
 
 @pytest.fixture

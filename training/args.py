@@ -191,9 +191,15 @@ def attn_choice(attn: str) -> str | dict:
 
 
 def attn_backends(attn: str) -> set[str]:
-    """The backend names --attn uses."""
+    """The backend names --attn uses ("auto" included)."""
     choice = attn_choice(attn)
     return set(choice.values()) if isinstance(choice, dict) else {choice}
+
+
+def named_backends(attn: str) -> set[str]:
+    """The backends --attn names itself, whose rows the launch checks: "auto" chooses per forward among the
+    backends that run the batch (trainable here, packing where asked), so it needs no check of its own."""
+    return attn_backends(attn) - {"auto"}
 
 
 def flag(name: str) -> str:

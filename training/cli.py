@@ -56,7 +56,8 @@ def _what_to_train(group) -> None:
     _option(group, "arch", arch_help, choices=ARCHS)
     _option(group, "preset", "model size and training length (default: %(default)s)", choices=tuple(PRESETS))
     attn_help = (
-        "attention backend: eager, sdpa, sparse, ..., or a JSON {layer type: backend} mapping such as "
+        "attention backend: eager, sdpa, sparse, ..., auto (the fastest here per layer type, measured and cached), "
+        "or a JSON {layer type: backend} mapping such as "
         '\'{"sliding_attention": "sparse", "full_attention": "sdpa"}\' (default: %(default)s)'
     )
     _option(group, "attn", attn_help)

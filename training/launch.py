@@ -16,7 +16,7 @@ import torch
 
 from ..configuration import BACKENDS
 from ..modeling.compat.accelerate_compat import fp8_unavailable, reset_accelerator_state
-from .args import TrainArgs, TrainArgumentError, attn_backends
+from .args import TrainArgs, TrainArgumentError, named_backends
 
 # accelerate launch --use_fsdp / --use_deepspeed (or an `accelerate config` that chose them) set these
 SHARDING_LAUNCHES = {"ACCELERATE_USE_FSDP": "FSDP", "ACCELERATE_USE_DEEPSPEED": "DeepSpeed"}
@@ -65,7 +65,7 @@ def check_precision(precision: str) -> None:
 def check_backward(attn: str) -> None:
     """Every backend --attn names has a backward pass on this machine's device."""
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    for backend in sorted(attn_backends(attn)):
+    for backend in sorted(named_backends(attn)):
         if device in BACKENDS[backend].backward:
             continue
         trainable = [n for n, c in BACKENDS.items() if device in c.backward]

@@ -17,7 +17,7 @@ import os
 import pathlib
 
 from ..configuration.backends import BACKENDS, check_backend_name, check_layer_backends
-from .args import ARCHS, MIXED_PRECISION, TrainArgs, TrainArgumentError, attn_backends, attn_choice, flag
+from .args import ARCHS, MIXED_PRECISION, TrainArgs, TrainArgumentError, attn_choice, flag, named_backends
 from .checkpointing import RUN_FILE, STATE_FILE, latest_checkpoint
 from .launch import check_backward, check_launch, check_precision
 from .model import check_model, check_set_fields, model_options
@@ -139,7 +139,7 @@ def check_packing(args: TrainArgs) -> None:
             "--packing supports --arch decoder and encoder; span corruption (encoder-decoder) rewrites each "
             "block into an input and a target that no longer line up with its documents. Drop --packing"
         )
-    lacking = sorted(b for b in attn_backends(args.attn) if not BACKENDS[b].packing)
+    lacking = sorted(b for b in named_backends(args.attn) if not BACKENDS[b].packing)
     if lacking:
         capable = [n for n, c in BACKENDS.items() if c.packing]
         raise TrainArgumentError(

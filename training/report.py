@@ -4,6 +4,7 @@ folder it leaves (weights and remote code, tokenizer, metrics.json, the loss-cur
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import pathlib
 import platform
@@ -197,6 +198,7 @@ def write_folder(out, args, model, weights, data: RunData, state, final_eval, ru
         "total_seconds": time.time() - run["start_time"],
         "hardware": hardware(),
         "corpus": data.corpus_name,
+        **auto_choices(model),
     }
     model.save_pretrained(out, state_dict=weights, safe_serialization=True)
     data.tokenizer.save_pretrained(out)
@@ -214,6 +216,19 @@ def write_folder(out, args, model, weights, data: RunData, state, final_eval, ru
     # last: a folder with metrics.json is complete (a --resume of it has nothing left to do)
     (out / "metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
     return metrics
+
+
+def auto_choices(model) -> dict:
+    """What attn_implementation="auto" chose per layer type in this run (training steps and evaluation), with
+    the measured times: {"attention_auto": {layer type: [choice, ...]}}; nothing when no layer is on auto."""
+    rows = [r for r in model.attention_plan().rows if r.requested == "auto"]
+    if not rows:
+        return {}
+    return {
+        "attention_auto": {
+            f"{r.stack} {r.layer_type}".strip(): [dataclasses.asdict(c) for c in r.choices] for r in rows
+        }
+    }
 
 
 def _test_metrics(counts: torch.Tensor, data: RunData, final_eval: dict) -> dict:

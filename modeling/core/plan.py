@@ -16,8 +16,15 @@ from dataclasses import dataclass
 
 import torch
 
-from ...configuration.backends import COMPILES_ON, LAYER_TYPE_PATTERN, PER_LAYER_BACKEND, check_batch_feature
+from ...configuration.backends import (
+    AUTO_BACKEND,
+    COMPILES_ON,
+    LAYER_TYPE_PATTERN,
+    PER_LAYER_BACKEND,
+    check_batch_feature,
+)
 from ...configuration.configuration_swapformer import GLOBAL_KINDS
+from ..attention.auto_backend import resolve as resolve_auto
 from ..attention.custom_masks import custom_mask_at_keys, refuse_custom_mask_backends
 from ..attention.functions import eager_attention_forward, run_uncompiled
 from ..attention.lowering import LOWERINGS
@@ -123,6 +130,8 @@ class ForwardPlan:
             for lt in dict.fromkeys(stack.layer_types)
         }
         backends = layer_backends(config, patterns)
+        if AUTO_BACKEND in backends.values():  # issue 30: measured choices (attention/auto_backend.py)
+            backends = resolve_auto(stack, patterns, backends, dtype)
         if positions.packing is not None or encoder_packing is not None:
             for backend in sorted(set(backends.values())):
                 check_batch_feature(

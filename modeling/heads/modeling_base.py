@@ -15,6 +15,8 @@ from transformers.utils import logging
 
 from ...configuration.backends import PER_LAYER_BACKEND, check_layer_backends
 from ...configuration.configuration_swapformer import SwapformerConfig
+from ..attention.auto_backend import AUTO_BACKEND
+from ..attention.auto_backend import mode as auto_mode
 from ..attention.functions import check_backend_for_model
 from ..caches.cache import static_key_slots
 from ..compat.hf_compat import init
@@ -22,6 +24,7 @@ from ..core.layers import Attention, RMSNorm
 from ..core.positions import RotaryEmbedding
 from ..remote_code import write_remote_code
 from ..variants.linformer import LinformerProjections
+from .attention_plan import AttentionPlan, attention_plan
 from .weights_files import truncated_weights
 
 logger = logging.get_logger(__name__)
@@ -49,7 +52,16 @@ class SwapformerPreTrainedModel(PreTrainedModel):
         `set_attn_implementation`): this is where impossible combinations fail, never in forward."""
         name = "sdpa" if requested_attention is None else requested_attention
         check_backend_for_model(name, self, is_init_check=is_init_check)
+        mapping = self.config._attn_layer_backends if name == PER_LAYER_BACKEND else {}
+        if AUTO_BACKEND in (name, *mapping.values()):
+            auto_mode()  # a wrong SWAPFORMER_AUTO fails where "auto" is chosen, not at the first forward
         return name
+
+    def attention_plan(self) -> AttentionPlan:
+        """Per layer type, the backend asked for and, for "auto", what runs in each situation seen so far
+        (this process, and the disk cache of this machine) and why: the measured times or the static order.
+        `print(model.attention_plan())` shows it; `.row(layer_type).choices` holds the data."""
+        return attention_plan(self)
 
     def _check_and_adjust_attn_implementation(
         self, attn_implementation, is_init_check: bool = False, allow_all_kernels: bool = False
