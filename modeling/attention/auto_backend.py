@@ -37,7 +37,8 @@ from ...configuration.backends import (
     COMPILES_ON,
     LAYER_TYPE_PATTERN,
 )
-from ..cpu.routes import cpu_info, cpu_routes_on
+from ..cpu.route_choice import cpu_info
+from ..cpu.routes import cpu_routes_on
 from .auto_cache import cache_file, lookup, store
 from .auto_cache import forget as forget_cache
 from .auto_measure import measure_candidates
