@@ -82,6 +82,12 @@ def _data(group) -> None:
     _preset_option(group, "max_train_chars", int, "character budget of the training split, 0 for all")
     _preset_option(group, "max_val_chars", int, "character budget of the validation split, 0 for all")
     _option(group, "val_fraction", "share of documents held out (default: %(default)s)")
+    proc_help = "processes that tokenize (default: one per 50 M characters of a split, at most the CPUs)"
+    group.add_argument("--num-proc", type=int, help=proc_help)
+    cache_help = (
+        "where documents and token shards are cached for the next run (default: beside `datasets`' cache)"
+    )
+    group.add_argument("--cache-dir", help=cache_help)
     _option(group, "mlm_probability", "masked LM: share of tokens chosen")
     _option(group, "noise_density", "span corruption: share of tokens hidden")
     _option(group, "mean_span_length", "span corruption: mean span length")

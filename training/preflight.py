@@ -123,6 +123,8 @@ def check_numbers(args: TrainArgs) -> None:
         raise TrainArgumentError(
             f"--mixed-precision {args.mixed_precision!r} is unknown; choose one of {', '.join(MIXED_PRECISION)}"
         )
+    if args.num_proc is not None and (not isinstance(args.num_proc, int) or args.num_proc < 1):
+        raise TrainArgumentError(f"--num-proc must be a positive integer, got {args.num_proc!r}")
     if args.stop_after is not None and args.stop_after < 1:
         raise TrainArgumentError(f"--stop-after must be >= 1, got {args.stop_after}")
     if args.vocab_size is not None and args.tokenizer is None and args.vocab_size < 512:
