@@ -67,11 +67,13 @@ def _what_to_train(group) -> None:
 
 def _data(group) -> None:
     data_help = (
-        "text file, folder of text files, or a `datasets` dataset saved with save_to_disk; repeatable "
-        "(default: the Python stdlib)"
+        "text file, folder of text files, jsonl/json/parquet file (rows of --text-column), glob of such files "
+        "(quoted), or a `datasets` dataset saved with save_to_disk; repeatable (default: the Python stdlib)"
     )
     _appended(group, "data", "PATH", data_help)
-    _option(group, "text_column", "column of a `datasets` dataset (default: %(default)s)")
+    _option(
+        group, "text_column", "column of a `datasets` dataset or jsonl/parquet file (default: %(default)s)"
+    )
     group.add_argument(
         "--tokenizer", help="a saved tokenizer folder to reuse instead of training a byte-level BPE"
     )

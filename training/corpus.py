@@ -22,6 +22,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from .args import TrainArgumentError
+from .data_files import is_pattern, is_row_file, iter_rows, matches
 
 TEXT_SUFFIXES = (".txt", ".md", ".rst", ".py", ".json", ".jsonl", ".csv", ".html", ".xml", ".tex")
 PIECE_CHARS = 20_000  # --data text files longer than this become several documents
@@ -114,13 +115,15 @@ def iter_saved_dataset(path: str, text_column: str) -> Iterator[Document]:
                 i += 1
 
 
-def path_documents(path: str) -> list[Document]:
-    """A text file, or every text file under a folder (sorted, by suffix in TEXT_SUFFIXES)."""
-    return list(iter_path(path))
+def path_documents(path: str, text_column: str = "text") -> list[Document]:
+    """A file, every text file under a folder (sorted, by suffix in TEXT_SUFFIXES), or a glob's files."""
+    return list(iter_path(path, text_column))
 
 
 def text_files(path: str) -> tuple[list[pathlib.Path], pathlib.Path]:
-    """(the text files of a --data file or folder, the root their names are relative to)."""
+    """(the files of a --data file, folder or glob pattern, the root their names are relative to)."""
+    if is_pattern(path):
+        return matches(path)
     if os.path.isfile(path):
         return [pathlib.Path(path)], pathlib.Path(path).parent
     root = pathlib.Path(path)
@@ -130,10 +133,16 @@ def text_files(path: str) -> tuple[list[pathlib.Path], pathlib.Path]:
     return files, root
 
 
-def iter_path(path: str) -> Iterator[Document]:
+def iter_path(path: str, text_column: str = "text") -> Iterator[Document]:
+    """The documents of a --data file, folder or pattern. A jsonl/json/parquet file named by its path or a
+    pattern is read as rows of `text_column` (data_files.py); a folder's files, like any other file, as text."""
     files, root = text_files(path)
+    rows = not os.path.isdir(path)
     for f in files:
         name = f.relative_to(root).as_posix()
+        if rows and is_row_file(f):
+            yield from (Document(n, text) for n, text in iter_rows(f, name, text_column))
+            continue
         pieces = _file_pieces(f, PIECE_CHARS)
         first = next(pieces, None)
         second = next(pieces, None)
@@ -171,7 +180,9 @@ def iter_documents(data: list[str], text_column: str) -> Iterator[Document]:
     if not data:
         yield from iter_stdlib()
     for path in data:
-        yield from iter_saved_dataset(path, text_column) if is_saved_dataset(path) else iter_path(path)
+        yield from (
+            iter_saved_dataset(path, text_column) if is_saved_dataset(path) else iter_path(path, text_column)
+        )
 
 
 def source_files(data: list[str]) -> list[pathlib.Path]:

@@ -19,6 +19,7 @@ import pathlib
 from ..configuration.backends import BACKENDS, check_backend_name, check_layer_backends
 from .args import ARCHS, MIXED_PRECISION, TrainArgs, TrainArgumentError, attn_backends, attn_choice, flag
 from .checkpointing import RUN_FILE, STATE_FILE, latest_checkpoint
+from .data_files import is_pattern, matches
 from .launch import check_backward, check_launch, check_precision
 from .model import check_model, check_set_fields, model_options
 
@@ -59,7 +60,9 @@ def validate(args: TrainArgs) -> None:
     check_choices(args)
     check_numbers(args)
     for path in args.data:
-        if not os.path.exists(path):
+        if is_pattern(path):
+            matches(path)  # refuses a pattern that matches nothing
+        elif not os.path.exists(path):
             raise TrainArgumentError(f"--data {path!r}: no such file or folder")
     if args.tokenizer is not None and not os.path.isdir(args.tokenizer):
         raise TrainArgumentError(f"--tokenizer {args.tokenizer!r}: no such folder (a saved tokenizer)")
