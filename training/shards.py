@@ -24,7 +24,7 @@ import torch
 
 from .doc_table import FORMAT, _digest, datasets_bars_off
 
-CHUNK_DOCS = 10_000  # documents per Dataset.map call: one progress-bar update and one append each
+CHUNK_CHARS = 20_000_000  # characters per Dataset.map call (one progress-bar update): bounds its memory
 HASH_TOKENS = 1 << 22  # tokens hashed at a time by `fingerprint`
 
 
@@ -55,14 +55,8 @@ class Shard:
     folder: pathlib.Path
     meta: dict
 
-    @property
-    def tokens(self) -> np.ndarray:
-        if not self.meta["tokens"]:
-            return np.zeros(0, dtype=self.meta["dtype"])
-        return np.memmap(self.folder / "tokens.bin", dtype=self.meta["dtype"], mode="r")
-
     def blocks(self, seq_len: int) -> TokenBlocks:
-        return TokenBlocks(self.tokens, seq_len)
+        return TokenBlocks(self.folder / "tokens.bin", self.meta["dtype"], self.meta["tokens"], seq_len)
 
 
 def token_shard(
@@ -97,14 +91,33 @@ def token_shard(
     return Shard(final, json.loads((final / "meta.json").read_text()))
 
 
+def _chunks(table, rows: np.ndarray) -> list[tuple[int, int]]:
+    """(start, end) of runs of `rows` holding about CHUNK_CHARS characters each (at least one row)."""
+    ends = np.cumsum(table.data.column("chars").to_numpy()[rows])
+    bounds = [0]
+    while bounds[-1] < len(rows):
+        done = ends[bounds[-1] - 1] if bounds[-1] else 0
+        bounds.append(max(bounds[-1] + 1, int(np.searchsorted(ends, done + CHUNK_CHARS, side="right"))))
+    return list(zip(bounds[:-1], bounds[1:]))
+
+
+def _reopened(table):
+    """The same table mapped afresh: the pages one chunk read are released with it, so the resident set
+    does not grow with the corpus."""
+    from datasets import Dataset, concatenate_datasets
+
+    parts = [Dataset.from_file(f["filename"]) for f in table.cache_files]
+    return parts[0] if len(parts) == 1 else concatenate_datasets(parts)
+
+
 def _write_tokens(table, rows, limits, tokenizer, folder: pathlib.Path, dtype, num_proc, bar) -> int:
     """Tokenize `rows` chunk by chunk with Dataset.map, appending each chunk's ids to tokens.bin."""
     import pyarrow.compute as pc
 
     count, start_time = 0, time.perf_counter()
     with open(folder / "tokens.bin", "wb") as out, datasets_bars_off():
-        for start in range(0, len(rows), CHUNK_DOCS):
-            part = table.select(rows[start : start + CHUNK_DOCS].tolist())
+        for start, end in _chunks(table, rows):
+            part = _reopened(table).select(rows[start:end].tolist())
             encoded = part.map(
                 _encode,
                 with_indices=True,
@@ -114,7 +127,7 @@ def _write_tokens(table, rows, limits, tokenizer, folder: pathlib.Path, dtype, n
                 fn_kwargs=dict(
                     tokenizer=tokenizer,
                     eos=tokenizer.eos_token_id,
-                    limits=None if limits is None else limits[start : start + CHUNK_DOCS],
+                    limits=None if limits is None else limits[start:end],
                 ),
                 num_proc=min(num_proc, len(part)) if num_proc > 1 else None,
                 cache_file_name=str(folder / "chunk.arrow"),
@@ -124,10 +137,10 @@ def _write_tokens(table, rows, limits, tokenizer, folder: pathlib.Path, dtype, n
                 ids = pc.list_flatten(batch.column("input_ids")).to_numpy().astype(dtype)
                 out.write(ids.tobytes())
                 count += len(ids)
-            del encoded
+            del encoded, part
             for spent in folder.glob("chunk*.arrow"):
                 spent.unlink()
-            bar.update(len(part))
+            bar.update(end - start)
             bar.set_postfix(tok_s=f"{count / max(time.perf_counter() - start_time, 1e-9):,.0f}")
     return count
 
@@ -138,10 +151,10 @@ def fingerprint(shard: Shard, seq_len: int) -> str:
     saved = shard.meta["fingerprints"].get(str(seq_len))
     if saved:
         return saved
-    h = hashlib.sha1()
-    tokens = shard.tokens[: len(shard.tokens) // seq_len * seq_len]
-    for start in range(0, len(tokens), HASH_TOKENS):
-        h.update(np.asarray(tokens[start : start + HASH_TOKENS], dtype=np.int64).tobytes())
+    h, blocks = hashlib.sha1(), shard.blocks(seq_len)
+    step = max(1, HASH_TOKENS // seq_len)
+    for start in range(0, len(blocks), step):
+        h.update(blocks[start : start + step].numpy().tobytes())
     shard.meta["fingerprints"][str(seq_len)] = h.hexdigest()[:16]
     with contextlib.suppress(OSError):  # a read-only cache still works; the hash is recomputed next time
         (shard.folder / "meta.json").write_text(json.dumps(shard.meta))
@@ -149,13 +162,13 @@ def fingerprint(shard: Shard, seq_len: int) -> str:
 
 
 class TokenBlocks:
-    """(N, seq_len) token blocks over a token array (a memmap): indexing reads only the rows asked for
-    and returns int64 ids, as a tensor of blocks would."""
+    """(N, seq_len) token blocks of a token file: indexing maps the file, reads only the rows asked for
+    (int64 ids, as a tensor of blocks would hold) and unmaps it, so pages read for one batch do not stay in
+    the resident set (nanoGPT maps its token file afresh per batch for the same reason)."""
 
-    def __init__(self, tokens: np.ndarray, seq_len: int):
-        n = len(tokens) // seq_len
-        self.rows = tokens[: n * seq_len].reshape(n, seq_len)
-        self.shape = self.rows.shape
+    def __init__(self, path: pathlib.Path, dtype: str, tokens: int, seq_len: int):
+        self.path, self.dtype = path, dtype
+        self.shape = (tokens // seq_len, seq_len)
 
     def __len__(self) -> int:
         return self.shape[0]
@@ -163,7 +176,13 @@ class TokenBlocks:
     def numel(self) -> int:
         return self.shape[0] * self.shape[1]
 
+    def memmap(self) -> np.ndarray:
+        """The (N, seq_len) blocks as a read-only view of the file."""
+        if not self.numel():
+            return np.zeros(self.shape, dtype=self.dtype)
+        return np.memmap(self.path, dtype=self.dtype, mode="r", shape=self.shape)
+
     def __getitem__(self, index) -> torch.Tensor:
         if isinstance(index, torch.Tensor):
             index = index.numpy()
-        return torch.from_numpy(np.asarray(self.rows[index], dtype=np.int64))
+        return torch.from_numpy(np.asarray(self.memmap()[index], dtype=np.int64))

@@ -65,7 +65,7 @@ def test_blocks_read_from_shards_are_those_pack_makes(source, tmp_path, text_fol
     for name, blocks in got.items():
         assert blocks.shape == want[name].shape, name
         if len(blocks):
-            assert isinstance(blocks.rows.base, np.memmap)  # a view of the file, not a copy in memory
+            assert isinstance(blocks.memmap(), np.memmap)  # read from the file, not from a copy in memory
             assert torch.equal(blocks[torch.arange(len(blocks))], want[name]), name
     assert (len(want["test"]) > 0) == (source == "dataset dict")
     # the checkpoint's data fingerprint is the one runs saved before the shards: they still resume
@@ -107,3 +107,19 @@ def test_a_second_run_reuses_the_shards_without_calling_the_tokenizer(tmp_path, 
     _, third = prepared(tmp_path / "third", data, tokenizer=str(tokenizer))
     assert "tokenizer" in calls and "read" in calls
     assert third.fingerprint != first.fingerprint
+
+
+def test_chunks_and_tokenizing_processes_do_not_change_the_blocks(tmp_path, text_folder, monkeypatch):
+    """Tokenized in chunks of about 20,000 characters by 2 processes each (`Dataset.map(num_proc=2)`): the
+    blocks made in one chunk by one process."""
+    from swapformer.training import shards
+
+    _, whole = prepared(tmp_path / "one" / "run", text_folder, max_train_chars=0, num_proc=1)
+    chunks, cut = [], shards._chunks
+    monkeypatch.setattr(shards, "CHUNK_CHARS", 20_000)
+    monkeypatch.setattr(shards, "_chunks", lambda *a: chunks.append(cut(*a)) or chunks[-1])
+    _, parts = prepared(tmp_path / "two" / "run", text_folder, max_train_chars=0, num_proc=2)
+    assert len(chunks[0]) > 3  # the training split was cut into several chunks
+    for name in ("train_blocks", "val_blocks"):
+        a, b = getattr(whole, name), getattr(parts, name)
+        assert torch.equal(a[torch.arange(len(a))], b[torch.arange(len(b))]), name
