@@ -161,6 +161,7 @@ def one_step(run: Run, step: int, last_checkpoint: pathlib.Path | None) -> dict:
     )
     dt = time.time() - t0
     state["step"], state["train_seconds"] = step, state["train_seconds"] + dt
+    state["blocks_read"] = step * state["global_batch"]  # the data position: where step + 1 reads on
     tokens_per_step = state["global_batch"] * args.seq_len
     record = {
         "step": step,

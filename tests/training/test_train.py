@@ -30,7 +30,7 @@ from swapformer.training.step import TrainingDiverged
 from swapformer.training.tokenizer import train_tokenizer
 
 from conftest import max_diff, run_python
-from training_runs import TINY_MODEL, TINY_RUN, losses, tiny_args, tiny_argv
+from training_runs import TINY_MODEL, TINY_RUN, losses, tiny_args, tiny_argv, wait_for_step
 
 AUTO = {
     "decoder": AutoModelForCausalLM,
@@ -423,19 +423,6 @@ def test_cli_single_text_file_config_file_and_set_flags_reach_the_saved_model(tm
     config_again = json.loads((again / "config.json").read_text())
     assert config_again["vocab_size"] == len(AutoTokenizer.from_pretrained(again)) != config["vocab_size"]
     assert config_again["position_embedding_type"] == "alibi" and config_again["num_key_value_heads"] == 2
-
-
-def wait_for_step(proc: subprocess.Popen, out: pathlib.Path, step: int) -> None:
-    """Poll the run's metrics.jsonl until it has logged `step` (the run must still be going)."""
-    import time
-
-    deadline = time.time() + 120
-    while time.time() < deadline and proc.poll() is None:
-        logged = losses(out) if (out / "metrics.jsonl").exists() else []
-        if logged and logged[-1][0] >= step:
-            break
-        time.sleep(0.01)
-    assert proc.poll() is None, "the run ended before it could be interrupted"
 
 
 def test_ctrl_c_ends_the_run_with_the_resume_hint(tmp_path, text_folder):
