@@ -5,9 +5,6 @@ loss curve of the run that was never interrupted, to the last bit."""
 from __future__ import annotations
 
 import json
-import os
-import signal
-import subprocess
 import sys
 
 import pytest
@@ -15,7 +12,7 @@ from datasets import Dataset
 
 from swapformer.cli import main
 
-from training_runs import losses, tiny_argv, wait_for_step
+from training_runs import kill_after_step, losses, tiny_argv
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # conftest.one_thread
 
@@ -31,14 +28,7 @@ def test_a_run_killed_mid_epoch_resumes_onto_the_same_losses(tmp_path, text_fold
     flags = dict(max_steps=steps, save_every=every, eval_every=10, cache_dir=tmp_path / "cache")
     killed, reference = tmp_path / "killed", tmp_path / "reference"
     command = [sys.executable, "-m", "swapformer", *tiny_argv(killed, data, **flags)]
-    proc = subprocess.Popen(command, env={**os.environ, "OMP_NUM_THREADS": "1"}, stderr=subprocess.DEVNULL)
-    try:
-        wait_for_step(proc, killed, 2 * every + 2)  # past the checkpoint at 2 * every
-        proc.send_signal(signal.SIGKILL)
-        proc.wait()
-    finally:
-        if proc.poll() is None:
-            proc.kill()
+    kill_after_step(command, killed, 2 * every + 2)  # past the checkpoint at 2 * every
     logged_before = losses(killed)[-1][0]
     assert logged_before < steps and not (killed / "model.safetensors").exists()
     (checkpoint,) = [

@@ -30,7 +30,7 @@ from swapformer.training.step import TrainingDiverged
 from swapformer.training.tokenizer import train_tokenizer
 
 from conftest import max_diff, run_python
-from training_runs import TINY_MODEL, TINY_RUN, losses, tiny_args, tiny_argv, wait_for_step
+from training_runs import TINY_MODEL, TINY_RUN, kill_after_step, losses, tiny_args, tiny_argv, wait_for_step
 
 AUTO = {
     "decoder": AutoModelForCausalLM,
@@ -448,22 +448,11 @@ def test_ctrl_c_ends_the_run_with_the_resume_hint(tmp_path, text_folder):
 
 def test_a_killed_process_resumes_onto_the_uninterrupted_curve(tmp_path, text_folder, report):
     """SIGKILL a real `python -m swapformer train` between checkpoints, resume it, compare."""
-    import signal
-
     steps, every = 300, 5
     flags = dict(max_steps=steps, save_every=every, eval_every=100)
     killed, reference = tmp_path / "killed", tmp_path / "reference"
     command = [sys.executable, "-m", "swapformer", *tiny_argv(killed, text_folder, **flags)]
-    # on the device the in-process resume will use (one thread, as the in-process tests)
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    proc = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        wait_for_step(proc, killed, 2 * every + 2)  # past the checkpoint at 2 * every
-        proc.send_signal(signal.SIGKILL)
-        proc.wait()
-    finally:
-        if proc.poll() is None:
-            proc.kill()
+    kill_after_step(command, killed, 2 * every + 2)  # past the checkpoint at 2 * every
     logged_before = losses(killed)[-1][0]
     assert logged_before < steps and not (killed / "model.safetensors").exists()
     assert main([*tiny_argv(killed, text_folder, **flags), "--resume"]) == 0
