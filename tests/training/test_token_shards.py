@@ -123,3 +123,15 @@ def test_chunks_and_tokenizing_processes_do_not_change_the_blocks(tmp_path, text
     for name in ("train_blocks", "val_blocks"):
         a, b = getattr(whole, name), getattr(parts, name)
         assert torch.equal(a[torch.arange(len(a))], b[torch.arange(len(b))]), name
+
+
+def test_the_splits_are_disjoint_and_cover_every_document(tmp_path, text_folder):
+    """Without budgets every document is in exactly one split: the hashed hold-out, or the DatasetDict's own
+    splits; the same rows on every call."""
+    for data in ([str(text_folder)], [str(dataset_dict(tmp_path, text_folder))]):
+        table, _ = doc_table.document_table(data, "text", tmp_path / "cache")
+        rows = doc_table.split_rows(table, 0.15, 0, 0)
+        taken = [r for split in rows.values() for r in split[0].tolist()]
+        assert sorted(taken) == list(range(len(table)))  # each row once
+        again = doc_table.split_rows(table, 0.15, 0, 0)
+        assert all(np.array_equal(rows[s][0], again[s][0]) for s in rows)
