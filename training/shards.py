@@ -112,6 +112,7 @@ def _reopened(table):
 
 def _write_tokens(table, rows, limits, tokenizer, folder: pathlib.Path, dtype, num_proc, bar) -> int:
     """Tokenize `rows` chunk by chunk with Dataset.map, appending each chunk's ids to tokens.bin."""
+    import pyarrow as pa
     import pyarrow.compute as pc
 
     count, start_time = 0, time.perf_counter()
@@ -123,6 +124,7 @@ def _write_tokens(table, rows, limits, tokenizer, folder: pathlib.Path, dtype, n
                 with_indices=True,
                 batched=True,
                 batch_size=64,
+                writer_batch_size=64,  # rows held as Python lists before a write: bounds a worker's memory
                 remove_columns=part.column_names,
                 fn_kwargs=dict(
                     tokenizer=tokenizer,
@@ -138,6 +140,7 @@ def _write_tokens(table, rows, limits, tokenizer, folder: pathlib.Path, dtype, n
                 out.write(ids.tobytes())
                 count += len(ids)
             del encoded, part
+            pa.default_memory_pool().release_unused()  # what pyarrow's pool kept from this chunk
             for spent in folder.glob("chunk*.arrow"):
                 spent.unlink()
             bar.update(end - start)
