@@ -3,6 +3,7 @@
     python -m torch.distributed.run --nproc_per_node=N tests/parallel_worker.py fsdp ARCH OUT.json
     python -m torch.distributed.run --nproc_per_node=N tests/parallel_worker.py tp ARCH FOLDER OUT.json
     python -m torch.distributed.run --nproc_per_node=N tests/parallel_worker.py tp_each ROOT OUT.json
+    python -m torch.distributed.run --nproc_per_node=N tests/parallel_worker.py train_seen DATA RUN STEPS CHARS OUT.json
 
 fsdp: `fully_shard` on every block named by `_no_split_modules`, then on the root; a few SGD steps on a
 fixed global batch split over the processes; rank 0 writes the global loss of each step.
@@ -10,6 +11,8 @@ tp: `from_pretrained(FOLDER, distributed_config=DistributedConfig(tp_plan="auto"
 logits' max difference from the unsharded model and how many weights were sharded.
 tp_each: tp for every model folder ARCH-... under ROOT in one launch (starting processes is the slow part);
 rank 0 writes {folder name: tp's result plus the names of the sharded parameters, aliases included}.
+train_seen: `swapformer train`'s `train()` on the tiny run (tests/training_runs.py) with --data DATA into RUN for
+STEPS steps on CHARS characters of training text; rank 0 writes, for each rank, the token rows each training forward of that rank read.
 
 The tests start it with `torchrun` below (tests/training/test_parallel.py, tests/variants/test_mla.py).
 """
@@ -20,6 +23,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import torch
@@ -151,6 +155,40 @@ def tensor_parallel(arch: str, folder: str, out: str) -> None:
     write(out, sharded_and_unsharded(arch, folder))
 
 
+def train_seen(data: str, run: str, steps: str, chars: str, out: str) -> None:
+    """The rows each rank trains on, step by step: recorded by a forward pre-hook on the model train() builds."""
+    from swapformer.training import loop
+
+    from training_runs import tiny_args
+
+    seen, build_model = [], loop.build_model
+
+    def recorded(*args, **kwargs):
+        model = build_model(*args, **kwargs)
+
+        def record(module, args, kwargs):
+            if module.training:
+                seen.append(kwargs["input_ids"].tolist())
+
+        model.register_forward_pre_hook(record, with_kwargs=True)
+        return model
+
+    loop.build_model = recorded
+    args = tiny_args(Path(run), Path(data), max_steps=int(steps), max_train_chars=int(chars), save_every=1000)
+    args.cache_dir, args.overwrite = run + "-cache", True  # a launch tried again finds the first one's folder
+    rank, world = dist.get_rank(), dist.get_world_size()
+    loop.train(args)  # it ends the process group: the ranks meet through files
+    Path(f"{out}.{rank}.tmp").write_text(json.dumps(seen))
+    os.replace(f"{out}.{rank}.tmp", f"{out}.{rank}")  # whole when it appears
+    if rank == 0:
+        parts = [Path(f"{out}.{r}") for r in range(world)]
+        for _ in range(600):
+            if all(p.is_file() for p in parts):
+                break
+            time.sleep(0.1)
+        Path(out).write_text(json.dumps([json.loads(p.read_text()) for p in parts]))
+
+
 def tensor_parallel_each(root: str, out: str) -> None:
     folders = sorted(Path(root).iterdir())
     write(out, {f.name: sharded_and_unsharded(f.name.split("-")[0], f) for f in folders})
@@ -158,6 +196,12 @@ def tensor_parallel_each(root: str, out: str) -> None:
 
 if __name__ == "__main__":
     dist.init_process_group("gloo")
-    modes = {"fsdp": train_fsdp, "tp": tensor_parallel, "tp_each": tensor_parallel_each}
+    modes = {
+        "fsdp": train_fsdp,
+        "tp": tensor_parallel,
+        "tp_each": tensor_parallel_each,
+        "train_seen": train_seen,
+    }
     modes[sys.argv[1]](*sys.argv[2:])
-    dist.destroy_process_group()
+    if dist.is_initialized():  # train_seen's run has ended it
+        dist.destroy_process_group()

@@ -1,10 +1,15 @@
 """The tiny `swapformer train` runs of the training tests (tests/training/test_train.py) and of the packed
-training tests (tests/attention/test_packing.py): their arguments, their command line and their losses."""
+training tests (tests/attention/test_packing.py): their arguments, their command line, their losses, and waiting
+for a run in another process to reach a step (and killing it there)."""
 
 from __future__ import annotations
 
 import json
+import os
 import pathlib
+import signal
+import subprocess
+import time
 
 from swapformer.training.args import TrainArgs, flag
 
@@ -44,3 +49,29 @@ def tiny_argv(out: pathlib.Path, data: pathlib.Path, **overrides) -> list[str]:
 def losses(out: pathlib.Path) -> list[tuple[int, float]]:
     records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     return [(r["step"], r["loss"]) for r in records if "loss" in r]
+
+
+def wait_for_step(proc: subprocess.Popen, out: pathlib.Path, step: int) -> None:
+    """Poll the run's metrics.jsonl until it has logged `step` (the run must still be going)."""
+    deadline = time.time() + 120
+    while time.time() < deadline and proc.poll() is None:
+        logged = losses(out) if (out / "metrics.jsonl").exists() else []
+        if logged and logged[-1][0] >= step:
+            break
+        time.sleep(0.01)
+    assert proc.poll() is None, "the run ended before it could be interrupted"
+
+
+def kill_after_step(command: list[str], out: pathlib.Path, step: int) -> int:
+    """Run `swapformer train` as `command` in another process (one thread, as the in-process tests), SIGKILL
+    it once it has logged `step`, and return the last step it logged."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        wait_for_step(proc, out, step)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    return losses(out)[-1][0]

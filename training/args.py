@@ -47,7 +47,18 @@ MODEL_DEFAULTS = dict(
 # Config fields the tokenizer decides.
 TOKENIZER_FIELDS = ("vocab_size", "pad_token_id", "bos_token_id", "eos_token_id", "decoder_start_token_id")
 # Training arguments that may differ between a run and its resumption.
-RESUME_FREE = frozenset({"resume", "overwrite", "stop_after", "no_progress", "push_to_hub", "hub_private"})
+RESUME_FREE = frozenset(
+    {
+        "resume",
+        "overwrite",
+        "stop_after",
+        "no_progress",
+        "push_to_hub",
+        "hub_private",
+        "num_proc",
+        "cache_dir",
+    }
+)
 # Names a training_args.json written before the fields took their flags' names (issue 28) may hold.
 OLD_NAMES = {"model_options": "set"}
 
@@ -93,6 +104,8 @@ class TrainArgs:
     max_train_chars: int | None = None
     max_val_chars: int | None = None
     val_fraction: float = 0.05
+    num_proc: int | None = None  # tokenizing processes (None: one per 50 M characters, at most the CPUs)
+    cache_dir: str | None = None  # documents and token shards (None: beside `datasets`' cache)
     mlm_probability: float = 0.15
     noise_density: float = 0.15
     mean_span_length: float = 3.0

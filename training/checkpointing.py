@@ -2,7 +2,8 @@
 
 A fresh run's folder is created once its data is ready (`start_run_folder`: the tokenizer and
 training_args.json). A checkpoint (`accelerator.save_state`: weights, optimizer, scheduler, RNG
-states, plus trainer_state.json with the step and the metrics so far) is written every `save_every`
+states, plus trainer_state.json with the step, the data position (`blocks_read`: the token blocks the run
+has read, in the order data.BlockOrder draws from the seed) and the metrics so far) is written every `save_every`
 steps under checkpoints/step_N, atomically (written to a temporary name, then renamed). `--resume`
 loads the latest and continues from its step: the same batches, the same random draws, the same
 losses. preflight.check_output_dir decides, before anything is written, whether a folder may be
@@ -41,7 +42,7 @@ def start_run_folder(out: pathlib.Path, args: TrainArgs, tokenizer) -> None:
 
 def new_state(data_fingerprint: str, global_batch: int) -> dict:
     """The trainer state of a run at step 0 (what trainer_state.json holds)."""
-    state = {"step": 0, "history": [], "evals": [], "train_seconds": 0.0}
+    state = {"step": 0, "blocks_read": 0, "history": [], "evals": [], "train_seconds": 0.0}
     state.update(data=data_fingerprint, global_batch=global_batch)
     return state
 

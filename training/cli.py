@@ -68,11 +68,13 @@ def _what_to_train(group) -> None:
 
 def _data(group) -> None:
     data_help = (
-        "text file, folder of text files, or a `datasets` dataset saved with save_to_disk; repeatable "
-        "(default: the Python stdlib)"
+        "text file, folder of text files, jsonl/json/parquet file (rows of --text-column), glob of such files "
+        "(quoted), or a `datasets` dataset saved with save_to_disk; repeatable (default: the Python stdlib)"
     )
     _appended(group, "data", "PATH", data_help)
-    _option(group, "text_column", "column of a `datasets` dataset (default: %(default)s)")
+    _option(
+        group, "text_column", "column of a `datasets` dataset or jsonl/parquet file (default: %(default)s)"
+    )
     group.add_argument(
         "--tokenizer", help="a saved tokenizer folder to reuse instead of training a byte-level BPE"
     )
@@ -83,6 +85,12 @@ def _data(group) -> None:
     _preset_option(group, "max_train_chars", int, "character budget of the training split, 0 for all")
     _preset_option(group, "max_val_chars", int, "character budget of the validation split, 0 for all")
     _option(group, "val_fraction", "share of documents held out (default: %(default)s)")
+    proc_help = "processes that tokenize (default: one per 50 M characters of a split, at most the CPUs)"
+    group.add_argument("--num-proc", type=int, help=proc_help)
+    cache_help = (
+        "where documents and token shards are cached for the next run (default: beside `datasets`' cache)"
+    )
+    group.add_argument("--cache-dir", help=cache_help)
     _option(group, "mlm_probability", "masked LM: share of tokens chosen")
     _option(group, "noise_density", "span corruption: share of tokens hidden")
     _option(group, "mean_span_length", "span corruption: mean span length")

@@ -13,13 +13,16 @@ data.py turns the documents into token blocks and batches.
 from __future__ import annotations
 
 import hashlib
+import itertools
 import os
 import pathlib
 import sys
 import sysconfig
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 from .args import TrainArgumentError
+from .data_files import is_pattern, is_row_file, iter_rows, matches
 
 TEXT_SUFFIXES = (".txt", ".md", ".rst", ".py", ".json", ".jsonl", ".csv", ".html", ".xml", ".tex")
 PIECE_CHARS = 20_000  # --data text files longer than this become several documents
@@ -36,17 +39,22 @@ class Document:
 
 def stdlib_documents() -> list[Document]:
     """The `.py` files of the running Python's standard library, sorted by relative path."""
+    return list(iter_stdlib())
+
+
+def stdlib_files() -> list[pathlib.Path]:
+    """The standard library's `.py` files swapformer train reads, sorted by relative path."""
     root = pathlib.Path(sysconfig.get_paths()["stdlib"])
-    docs = []
-    for path in sorted(root.rglob("*.py")):
-        rel = path.relative_to(root)
-        if STDLIB_SKIP & set(rel.parts[:-1]):
-            continue
+    return [p for p in sorted(root.rglob("*.py")) if not STDLIB_SKIP & set(p.relative_to(root).parts[:-1])]
+
+
+def iter_stdlib() -> Iterator[Document]:
+    root = pathlib.Path(sysconfig.get_paths()["stdlib"])
+    for path in stdlib_files():
         try:
-            docs.append(Document(rel.as_posix(), path.read_text(encoding="utf-8")))
+            yield Document(path.relative_to(root).as_posix(), path.read_text(encoding="utf-8"))
         except (UnicodeDecodeError, OSError):
             continue  # a few files are not UTF-8; skipping them is as deterministic as reading them
-    return docs
 
 
 def is_saved_dataset(path: str) -> bool:
@@ -56,10 +64,10 @@ def is_saved_dataset(path: str) -> bool:
     )
 
 
-def dataset_documents(path: str, text_column: str) -> list[Document]:
-    """Rows of a `datasets` Dataset saved with save_to_disk, or of the train, validation and test splits
-    of a DatasetDict (its validation split replaces the hashed hold-out; its test split is scored once,
-    after training)."""
+def saved_dataset_splits(path: str, text_column: str) -> list[tuple[object, str, str | None]]:
+    """(dataset, name prefix, split) of a `datasets` Dataset saved with save_to_disk, or of the train,
+    validation and test splits of a DatasetDict (its validation split replaces the hashed hold-out; its test
+    split is scored once, after training). Checked here, before any row is read."""
     from datasets import DatasetDict, load_from_disk
 
     try:
@@ -72,84 +80,137 @@ def dataset_documents(path: str, text_column: str) -> list[Document]:
         ) from e
     name = os.path.basename(os.path.normpath(path))
     if not isinstance(ds, DatasetDict):
-        return _rows(ds, path, text_column, name, None)
-    if "train" not in ds:
+        parts = [(ds, name, None)]
+    elif "train" not in ds:
         raise TrainArgumentError(f"--data {path!r} is a DatasetDict without a 'train' split: {list(ds)}")
-    validation = "validation" in ds
-    docs = _rows(
-        ds["train"],
-        path,
-        text_column,
-        f"{name}/train" if validation else name,
-        "train" if validation else None,
-    )
-    for split in ("validation", "test"):
-        if split in ds:
-            rows = _rows(ds[split], path, text_column, f"{name}/{split}", split)
-            if not rows:
-                raise TrainArgumentError(
-                    f"--data {path!r}: its {split!r} split has no text in column {text_column!r} "
-                    f"({len(ds[split])} rows); fill it, or drop the split from the DatasetDict"
-                )
-            docs += rows
-    return docs
-
-
-def _rows(ds, path: str, text_column: str, prefix: str, split: str | None) -> list[Document]:
-    if text_column not in ds.column_names:
-        raise TrainArgumentError(
-            f"--text-column {text_column!r} is not a column of --data {path!r}; columns: {ds.column_names}"
-        )
-    return [Document(f"{prefix}/{i}", text, split) for i, text in enumerate(ds[text_column]) if text]
-
-
-def path_documents(path: str) -> list[Document]:
-    """A text file, or every text file under a folder (sorted, by suffix in TEXT_SUFFIXES)."""
-    if os.path.isfile(path):
-        files, root = [pathlib.Path(path)], pathlib.Path(path).parent
     else:
-        root = pathlib.Path(path)
-        files = sorted(p for p in root.rglob("*") if p.is_file() and p.suffix.lower() in TEXT_SUFFIXES)
-        if not files:
-            raise TrainArgumentError(f"--data {path!r} holds no text files ({', '.join(TEXT_SUFFIXES)})")
-    docs = []
+        validation = "validation" in ds
+        parts = [(ds["train"], f"{name}/train" if validation else name, "train" if validation else None)]
+        parts += [(ds[s], f"{name}/{s}", s) for s in ("validation", "test") if s in ds]
+    for part, _, split in parts:
+        if text_column not in part.column_names:
+            raise TrainArgumentError(
+                f"--text-column {text_column!r} is not a column of --data {path!r}; columns: {part.column_names}"
+            )
+        if split in ("validation", "test") and not any(part[text_column]):
+            raise TrainArgumentError(
+                f"--data {path!r}: its {split!r} split has no text in column {text_column!r} "
+                f"({len(part)} rows); fill it, or drop the split from the DatasetDict"
+            )
+    return parts
+
+
+def dataset_documents(path: str, text_column: str) -> list[Document]:
+    """Rows of a saved `datasets` dataset (saved_dataset_splits), as documents."""
+    return list(iter_saved_dataset(path, text_column))
+
+
+def iter_saved_dataset(path: str, text_column: str) -> Iterator[Document]:
+    for ds, prefix, split in saved_dataset_splits(path, text_column):
+        i = 0
+        for batch in ds.select_columns([text_column]).iter(batch_size=1000):
+            for text in batch[text_column]:
+                if text:
+                    yield Document(f"{prefix}/{i}", text, split)
+                i += 1
+
+
+def path_documents(path: str, text_column: str = "text") -> list[Document]:
+    """A file, every text file under a folder (sorted, by suffix in TEXT_SUFFIXES), or a glob's files."""
+    return list(iter_path(path, text_column))
+
+
+def text_files(path: str) -> tuple[list[pathlib.Path], pathlib.Path]:
+    """(the files of a --data file, folder or glob pattern, the root their names are relative to)."""
+    if is_pattern(path):
+        return matches(path)
+    if os.path.isfile(path):
+        return [pathlib.Path(path)], pathlib.Path(path).parent
+    root = pathlib.Path(path)
+    files = sorted(p for p in root.rglob("*") if p.is_file() and p.suffix.lower() in TEXT_SUFFIXES)
+    if not files:
+        raise TrainArgumentError(f"--data {path!r} holds no text files ({', '.join(TEXT_SUFFIXES)})")
+    return files, root
+
+
+def iter_path(path: str, text_column: str = "text") -> Iterator[Document]:
+    """The documents of a --data file, folder or pattern. A jsonl/json/parquet file named by its path or a
+    pattern is read as rows of `text_column` (data_files.py); a folder's files, like any other file, as text."""
+    files, root = text_files(path)
+    rows = not os.path.isdir(path)
     for f in files:
-        try:
-            text = f.read_text(encoding="utf-8")
-        except UnicodeDecodeError as e:
-            raise TrainArgumentError(f"--data file {str(f)!r} is not UTF-8 text: {e}") from e
         name = f.relative_to(root).as_posix()
-        pieces = _pieces(text, PIECE_CHARS)
-        docs += [Document(name if len(pieces) == 1 else f"{name}#{i}", p) for i, p in enumerate(pieces)]
-    return docs
+        if rows and is_row_file(f):
+            yield from (Document(n, text) for n, text in iter_rows(f, name, text_column))
+            continue
+        pieces = _file_pieces(f, PIECE_CHARS)
+        first = next(pieces, None)
+        second = next(pieces, None)
+        if second is None:  # one piece: the document keeps the file's name
+            if first is not None:
+                yield Document(name, first)
+            continue
+        for i, piece in enumerate(itertools.chain((first, second), pieces)):
+            yield Document(f"{name}#{i}", piece)
 
 
-def _pieces(text: str, size: int) -> list[str]:
-    """`text` cut at line ends into pieces of about `size` characters (a long file, such as a single
-    corpus file, becomes many documents, so the split can hold some of it out)."""
-    pieces, current, length = [], [], 0
-    for line in text.splitlines(keepends=True):
-        current.append(line)
-        length += len(line)
-        if length >= size:
-            pieces.append("".join(current))
-            current, length = [], 0
+def _file_pieces(path: pathlib.Path, size: int) -> Iterator[str]:
+    """The file cut at line ends into pieces of about `size` characters (a long file, such as a single
+    corpus file, becomes many documents, so the split can hold some of it out). Read line by line, so a
+    file larger than memory is never held whole; `str.splitlines` cuts each line where it cuts the whole."""
+    current, length = [], 0
+    try:
+        with open(path, encoding="utf-8") as handle:
+            for raw in handle:
+                for line in raw.splitlines(keepends=True):
+                    current.append(line)
+                    length += len(line)
+                    if length >= size:
+                        yield "".join(current)
+                        current, length = [], 0
+    except UnicodeDecodeError as e:
+        raise TrainArgumentError(f"--data file {str(path)!r} is not UTF-8 text: {e}") from e
     if current:
-        pieces.append("".join(current))
-    return [p for p in pieces if p]
+        yield "".join(current)
+
+
+def iter_documents(data: list[str], text_column: str) -> Iterator[Document]:
+    """Every document of the run, in a fixed order: the standard library's files without --data, else
+    each --data input in turn."""
+    if not data:
+        yield from iter_stdlib()
+    for path in data:
+        yield from (
+            iter_saved_dataset(path, text_column) if is_saved_dataset(path) else iter_path(path, text_column)
+        )
+
+
+def source_files(data: list[str]) -> list[pathlib.Path]:
+    """Every file the documents of `data` are read from (what a cached copy of them depends on)."""
+    if not data:
+        return stdlib_files()
+    files = []
+    for path in data:
+        if is_saved_dataset(path):
+            files += sorted(p for p in pathlib.Path(path).rglob("*") if p.is_file())
+        else:
+            files += text_files(path)[0]
+    return files
+
+
+def corpus_name(data: list[str]) -> str:
+    """A short name of the corpus (for the model card)."""
+    if not data:
+        return f"python-{sys.version_info[0]}.{sys.version_info[1]}-stdlib"
+    return "+".join(os.path.basename(os.path.normpath(p)) for p in data)
 
 
 def load_documents(data: list[str], text_column: str) -> tuple[list[Document], str]:
     """All documents of the run and a short name of the corpus (for the model card)."""
-    if not data:
-        version = f"{sys.version_info[0]}.{sys.version_info[1]}"
-        return stdlib_documents(), f"python-{version}-stdlib"
-    docs = []
-    for path in data:
-        docs += dataset_documents(path, text_column) if is_saved_dataset(path) else path_documents(path)
+    docs = list(iter_documents(data, text_column))
     if not docs:
         raise TrainArgumentError(f"--data {data} holds no text")
-    return docs, "+".join(os.path.basename(os.path.normpath(p)) for p in data)
+    return docs, corpus_name(data)
 
 
 def split_documents(

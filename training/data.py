@@ -1,8 +1,9 @@
 """The data stage: token blocks, and the global batch of each optimizer step rebuilt from its number.
 
 Determinism, which `--resume` and the multi-process run rely on:
-- the documents and their split are deterministic (corpus.py);
-- tokens are packed into blocks of `seq_len` (documents joined by `</s>`); with `--packing` each
+- the documents and their split are deterministic (corpus.py, doc_table.py);
+- tokens are packed into blocks of `seq_len` (documents joined by `</s>`), read from token shards on disk
+  (shards.py: tokenized once, memory-mapped, the same blocks `pack` makes in memory); with `--packing` each
   document of a block is its own sequence (`DocumentPacking`: position ids restart after every
   `</s>`), so no token attends across a document boundary;
 - the block read at global position p (step * global batch + row) is a pure function of
@@ -15,7 +16,8 @@ unusable tokenizer fails the run before anything is written.
 
 from __future__ import annotations
 
-import hashlib
+import functools
+import os
 import pathlib
 import sys
 import tempfile
@@ -23,13 +25,20 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
+from tqdm.auto import tqdm
 
 from .args import TrainArgs, TrainArgumentError
 from .checkpointing import start_run_folder
-from .corpus import Document, documents_of_test_split, load_documents, split_documents
+
+# the in-memory path (tests and benchmarks compare the shards with it, and read documents through data)
+from .corpus import Document, corpus_name, documents_of_test_split, load_documents, split_documents  # noqa: F401
+from .doc_table import Corpus, document_table, split_chars, split_rows, split_texts
 from .notices import stage
 from .objectives import make_objective
+from .shards import TokenBlocks, cache_dir, fingerprint, token_shard
 from .tokenizer import load_tokenizer, train_tokenizer
+
+AUTO_PROC_CHARS = 50_000_000  # one more tokenizing process per this many characters of a split
 
 
 def pack(tokenizer, docs: list[Document], seq_len: int) -> torch.Tensor:
@@ -103,11 +112,6 @@ class BlockOrder:
         return position / self.num_blocks
 
 
-def fingerprint(blocks: torch.Tensor) -> str:
-    """A short hash of the token blocks: a resumed run refuses data that changed since the checkpoint."""
-    return hashlib.sha1(blocks.numpy().tobytes()).hexdigest()[:16]
-
-
 def step_generator(seed: int, step: int) -> torch.Generator:
     """The random stream of one step's objective (masks, spans), the same in every process. Negative
     `step`s are the streams of the evaluation batches and of the unigram baseline's counts."""
@@ -120,16 +124,15 @@ class RunData:
 
     tokenizer: object
     corpus_name: str
-    train_docs: list
-    val_docs: list
-    train_blocks: torch.Tensor  # (N, seq_len) token ids
-    val_blocks: torch.Tensor
+    documents: dict[str, int]  # documents per split ("train", "validation", "test")
+    train_blocks: TokenBlocks  # (N, seq_len) token ids, read from the shard on disk
+    val_blocks: TokenBlocks
     objective: object
     order: BlockOrder
     val_batches: list[dict]  # the objective applied once, with a fixed generator
-    test_docs: list  # a DatasetDict's test split, scored once after training (may be empty)
-    test_blocks: torch.Tensor
+    test_blocks: TokenBlocks  # a DatasetDict's test split, scored once after training (may be empty)
     test_batches: list[dict]
+    fingerprint: str  # of the training blocks: a resumed run refuses data that changed since the checkpoint
 
 
 def step_batch(data: RunData, step: int, global_batch: int, seed: int) -> dict[str, torch.Tensor]:
@@ -143,21 +146,21 @@ def prepare_data(args: TrainArgs, accelerator, out: pathlib.Path, fresh: bool) -
     """Documents, split, tokenizer, token blocks and evaluation batches, all checked before anything is
     written (a bad file, an empty split or an unusable tokenizer must not leave a folder behind).
 
-    Every process reads the documents (the same in each). The main process trains or loads the
-    tokenizer and packs the blocks; if that fails, every process raises its error. Only then does it
-    create the output folder of a fresh run (tokenizer and training_args.json), from which the other
-    processes read the tokenizer."""
+    The main process reads the documents, trains or loads the tokenizer and writes the token shards; if
+    that fails, every process raises its error. Only then does it create the output folder of a fresh run
+    (tokenizer and training_args.json), from which the other processes read the tokenizer, and find the
+    documents and the shards the main process cached."""
     given = _given_tokenizer(args) if fresh else None  # a bad --tokenizer fails before the documents are read
-    splits = _read_documents(args, accelerator)
     data, error = None, None
     if accelerator.is_main_process:
         try:
             with tempfile.TemporaryDirectory() as scratch:
-                tokenizer = _run_tokenizer(args, out, fresh, given, splits[1], scratch, accelerator)
+                corpus = _read_documents(args, accelerator)
+                tokenizer = _run_tokenizer(args, out, fresh, given, corpus, scratch, accelerator)
                 with stage(
                     accelerator, "tokenizing", f"the splits into blocks of {args.seq_len} tokens"
                 ) as told:
-                    data = _tokenized(args, tokenizer, *splits)
+                    data = _tokenized(args, tokenizer, corpus, show=not args.no_progress)
                     told.result = (
                         f"{len(data.train_blocks):,} training, {len(data.val_blocks):,} validation blocks"
                     )
@@ -168,22 +171,23 @@ def prepare_data(args: TrainArgs, accelerator, out: pathlib.Path, fresh: bool) -
     _raise_everywhere(accelerator, error)
     accelerator.wait_for_everyone()
     if data is None:
-        data = _tokenized(args, load_tokenizer(str(out), args.arch), *splits)
+        corpus = _read_documents(args, accelerator)
+        data = _tokenized(args, load_tokenizer(str(out), args.arch), corpus, show=False)
     return data
 
 
-def _read_documents(args: TrainArgs, accelerator) -> tuple[str, list, list, list]:
-    """(corpus name, training, validation and test documents), said with their sizes."""
+def _read_documents(args: TrainArgs, accelerator) -> Corpus:
+    """The documents on disk and the rows of each split, said with their sizes."""
     version = f"{sys.version_info.major}.{sys.version_info.minor}"
     source = ", ".join(args.data) or f"the Python {version} standard library"
     with stage(accelerator, "reading documents", source) as told:
-        docs, corpus_name = load_documents(args.data, args.text_column)
-        train, val = split_documents(docs, args.val_fraction, args.max_train_chars, args.max_val_chars)
-        test = documents_of_test_split(docs, args.max_val_chars)
-        sizes = [f"{len(d):,} for {name} ({sum(len(x.text) for x in d):,} characters)"
-                 for d, name in ((train, "training"), (val, "validation"), (test, "test")) if d]  # fmt: skip
-        told.result = f"{len(docs):,} documents: {', '.join(sizes)}"
-    return corpus_name, train, val, test
+        table, key = document_table(args.data, args.text_column, cache_dir(args.cache_dir))
+        rows = split_rows(table, args.val_fraction, args.max_train_chars, args.max_val_chars)
+        sizes = [f"{len(rows[s][0]):,} for {name} ({split_chars(table, *rows[s]):,} characters)"
+                 for s, name in (("train", "training"), ("validation", "validation"), ("test", "test"))
+                 if len(rows[s][0])]  # fmt: skip
+        told.result = f"{len(table):,} documents: {', '.join(sizes)}"
+    return Corpus(corpus_name(args.data), table, key, rows)
 
 
 def _given_tokenizer(args: TrainArgs):
@@ -203,7 +207,7 @@ def _given_tokenizer(args: TrainArgs):
 
 
 def _run_tokenizer(
-    args: TrainArgs, out: pathlib.Path, fresh: bool, given, train_docs: list, scratch: str, accelerator
+    args: TrainArgs, out: pathlib.Path, fresh: bool, given, corpus: Corpus, scratch: str, accelerator
 ):
     """The run's tokenizer as every process will read it back from the output folder: a fresh one
     (`given` by --tokenizer, or trained) goes through save_pretrained and load_tokenizer in `scratch` first."""
@@ -212,10 +216,10 @@ def _run_tokenizer(
     if given is not None:
         tokenizer = given
     else:
-        chars = sum(len(d.text) for d in train_docs)
+        chars = split_chars(corpus.table, *corpus.rows["train"])
         detail = f"byte-level BPE of {args.vocab_size} tokens on {chars:,} characters of the training split"
         with stage(accelerator, "training a tokenizer", detail):
-            tokenizer = train_tokenizer((d.text for d in train_docs), args.vocab_size)
+            tokenizer = train_tokenizer(split_texts(corpus.table, *corpus.rows["train"]), args.vocab_size)
     tokenizer.save_pretrained(scratch)
     return load_tokenizer(scratch, args.arch)
 
@@ -235,40 +239,56 @@ def _raise_everywhere(accelerator, error: Exception | None) -> None:
         raise error
 
 
-def _tokenized(args: TrainArgs, tokenizer, corpus_name, train_docs, val_docs, test_docs) -> RunData:
-    """Token blocks, the objective and the fixed evaluation batches; refuses a split too short for one
-    block."""
-    train_blocks = pack(tokenizer, train_docs, args.seq_len)
-    val_blocks = pack(tokenizer, val_docs, args.seq_len)
-    test_blocks = pack(tokenizer, test_docs, args.seq_len)
-    splits = [("training", train_blocks, train_docs), ("validation", val_blocks, val_docs)]
-    if test_docs:
-        splits.append(("test", test_blocks, test_docs))
-    for name, blocks, split in splits:
-        if len(blocks) == 0:
-            chars = sum(len(d.text) for d in split)
+def _shards(args: TrainArgs, tokenizer, corpus: Corpus, show: bool) -> dict:
+    """{split: its token shard}, tokenized now or found cached; refuses a split too short for one block."""
+    shards = {}
+    for split, (rows, limits) in corpus.rows.items():
+        chars = split_chars(corpus.table, rows, limits)
+        num_proc = args.num_proc or min(os.cpu_count() or 1, 1 + chars // AUTO_PROC_CHARS)
+        bar = functools.partial(
+            tqdm, total=len(rows), desc=f"tokenizing {split}", unit="doc", disable=not show, leave=False
+        )
+        shards[split] = token_shard(
+            corpus.table,
+            corpus.key,
+            rows,
+            limits,
+            tokenizer,
+            cache_dir(args.cache_dir),
+            num_proc=num_proc,
+            bar=bar,
+        )
+        if (split != "test" or len(rows)) and len(shards[split].blocks(args.seq_len)) == 0:
+            name = {"train": "training"}.get(split, split)
             raise TrainArgumentError(
-                f"the {name} split ({len(split)} documents, {chars} characters) is shorter than one "
+                f"the {name} split ({len(rows)} documents, {chars} characters) is shorter than one "
                 f"--seq-len {args.seq_len} block; give more --data, raise --max-train-chars/--max-val-chars "
                 "or lower --seq-len"
             )
+    return shards
+
+
+def _tokenized(args: TrainArgs, tokenizer, corpus: Corpus, show: bool) -> RunData:
+    """Token blocks (memory-mapped views of the shards), the objective and the fixed evaluation batches."""
+    shards = _shards(args, tokenizer, corpus, show)
     objective = make_objective(tokenizer, args)
     if args.packing:
         objective = DocumentPacking(objective, tokenizer.eos_token_id)
-    order = BlockOrder(len(train_blocks), args.seed)
+    train_blocks, val_blocks, test_blocks = (
+        shards[s].blocks(args.seq_len) for s in ("train", "validation", "test")
+    )
     return RunData(
         tokenizer,
-        corpus_name,
-        train_docs,
-        val_docs,
+        corpus.name,
+        {split: len(rows) for split, (rows, _) in corpus.rows.items()},
         train_blocks,
         val_blocks,
         objective,
-        order,
+        BlockOrder(len(train_blocks), args.seed),
         _eval_batches(args, objective, val_blocks, -1),
-        test_docs,
         test_blocks,
         _eval_batches(args, objective, test_blocks, -3),
+        fingerprint(shards["train"], args.seq_len),
     )
 
 

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 from .args import TrainArgs
 from .checkpointing import drop_unstarted_run, new_state, restore, save_checkpoint, save_tied_weights_once
-from .data import RunData, fingerprint, prepare_data, step_batch
+from .data import RunData, prepare_data, step_batch
 from .evaluation import evaluate
 from .hub import push_folder
 from .launch import check_distributed, make_accelerator
@@ -102,7 +102,7 @@ def start(args: TrainArgs, options: dict, accelerator, data: RunData, out, resum
     model, optimizer = accelerator.prepare(model, make_optimizer(model, args))
     scheduler = make_scheduler(accelerator, optimizer, args)
     global_batch = args.batch_size * args.grad_accum * accelerator.num_processes
-    state = new_state(fingerprint(data.train_blocks), global_batch)
+    state = new_state(data.fingerprint, global_batch)
     if resume_from is not None:
         state = restore(accelerator, resume_from, state)
     log = MetricsLog(accelerator, out / "metrics.jsonl", state, args)
@@ -161,6 +161,7 @@ def one_step(run: Run, step: int, last_checkpoint: pathlib.Path | None) -> dict:
     )
     dt = time.time() - t0
     state["step"], state["train_seconds"] = step, state["train_seconds"] + dt
+    state["blocks_read"] = step * state["global_batch"]  # the data position: where step + 1 reads on
     tokens_per_step = state["global_batch"] * args.seq_len
     record = {
         "step": step,

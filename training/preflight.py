@@ -19,6 +19,7 @@ import pathlib
 from ..configuration.backends import BACKENDS, check_backend_name, check_layer_backends
 from .args import ARCHS, MIXED_PRECISION, TrainArgs, TrainArgumentError, attn_choice, flag, named_backends
 from .checkpointing import RUN_FILE, STATE_FILE, latest_checkpoint
+from .data_files import is_pattern, matches
 from .launch import check_backward, check_launch, check_precision
 from .model import check_model, check_set_fields, model_options
 
@@ -59,7 +60,9 @@ def validate(args: TrainArgs) -> None:
     check_choices(args)
     check_numbers(args)
     for path in args.data:
-        if not os.path.exists(path):
+        if is_pattern(path):
+            matches(path)  # refuses a pattern that matches nothing
+        elif not os.path.exists(path):
             raise TrainArgumentError(f"--data {path!r}: no such file or folder")
     if args.tokenizer is not None and not os.path.isdir(args.tokenizer):
         raise TrainArgumentError(f"--tokenizer {args.tokenizer!r}: no such folder (a saved tokenizer)")
@@ -123,6 +126,8 @@ def check_numbers(args: TrainArgs) -> None:
         raise TrainArgumentError(
             f"--mixed-precision {args.mixed_precision!r} is unknown; choose one of {', '.join(MIXED_PRECISION)}"
         )
+    if args.num_proc is not None and (not isinstance(args.num_proc, int) or args.num_proc < 1):
+        raise TrainArgumentError(f"--num-proc must be a positive integer, got {args.num_proc!r}")
     if args.stop_after is not None and args.stop_after < 1:
         raise TrainArgumentError(f"--stop-after must be >= 1, got {args.stop_after}")
     if args.vocab_size is not None and args.tokenizer is None and args.vocab_size < 512:

@@ -254,16 +254,16 @@ def describe_corpus(args: TrainArgs, data: RunData) -> str:
         else f"`{', '.join(args.data)}`"
     )
     test = (
-        f"; test (the dataset's test split, scored once after training): {len(data.test_docs)} documents, "
+        f"; test (the dataset's test split, scored once after training): {data.documents['test']} documents, "
         f"{data.test_blocks.numel():,} tokens"
-        if data.test_docs
+        if data.documents["test"]
         else ""
     )
     return (
         f"`{data.corpus_name}`: {source}. Documents go to validation by a hash of their name "
         f"(fraction {args.val_fraction}; a dataset's own validation split instead, where it has one), so the "
-        f"split is deterministic. Training: {len(data.train_docs)} documents, {data.train_blocks.numel():,} "
-        f"tokens; validation: {len(data.val_docs)} documents, {data.val_blocks.numel():,} tokens{test} "
+        f"split is deterministic. Training: {data.documents['train']} documents, {data.train_blocks.numel():,} "
+        f"tokens; validation: {data.documents['validation']} documents, {data.val_blocks.numel():,} tokens{test} "
         f"(blocks of {args.seq_len} tokens, documents joined by `</s>`"
         f"{'; each document its own sequence, no attention across documents (--packing)' if args.packing else ''})."
     )

@@ -30,7 +30,7 @@ from swapformer.training.step import TrainingDiverged
 from swapformer.training.tokenizer import train_tokenizer
 
 from conftest import max_diff, run_python
-from training_runs import TINY_MODEL, TINY_RUN, losses, tiny_args, tiny_argv
+from training_runs import TINY_MODEL, TINY_RUN, kill_after_step, losses, tiny_args, tiny_argv, wait_for_step
 
 AUTO = {
     "decoder": AutoModelForCausalLM,
@@ -425,19 +425,6 @@ def test_cli_single_text_file_config_file_and_set_flags_reach_the_saved_model(tm
     assert config_again["position_embedding_type"] == "alibi" and config_again["num_key_value_heads"] == 2
 
 
-def wait_for_step(proc: subprocess.Popen, out: pathlib.Path, step: int) -> None:
-    """Poll the run's metrics.jsonl until it has logged `step` (the run must still be going)."""
-    import time
-
-    deadline = time.time() + 120
-    while time.time() < deadline and proc.poll() is None:
-        logged = losses(out) if (out / "metrics.jsonl").exists() else []
-        if logged and logged[-1][0] >= step:
-            break
-        time.sleep(0.01)
-    assert proc.poll() is None, "the run ended before it could be interrupted"
-
-
 def test_ctrl_c_ends_the_run_with_the_resume_hint(tmp_path, text_folder):
     import signal
 
@@ -461,22 +448,11 @@ def test_ctrl_c_ends_the_run_with_the_resume_hint(tmp_path, text_folder):
 
 def test_a_killed_process_resumes_onto_the_uninterrupted_curve(tmp_path, text_folder, report):
     """SIGKILL a real `python -m swapformer train` between checkpoints, resume it, compare."""
-    import signal
-
     steps, every = 300, 5
     flags = dict(max_steps=steps, save_every=every, eval_every=100)
     killed, reference = tmp_path / "killed", tmp_path / "reference"
     command = [sys.executable, "-m", "swapformer", *tiny_argv(killed, text_folder, **flags)]
-    # on the device the in-process resume will use (one thread, as the in-process tests)
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    proc = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        wait_for_step(proc, killed, 2 * every + 2)  # past the checkpoint at 2 * every
-        proc.send_signal(signal.SIGKILL)
-        proc.wait()
-    finally:
-        if proc.poll() is None:
-            proc.kill()
+    kill_after_step(command, killed, 2 * every + 2)  # past the checkpoint at 2 * every
     logged_before = losses(killed)[-1][0]
     assert logged_before < steps and not (killed / "model.safetensors").exists()
     assert main([*tiny_argv(killed, text_folder, **flags), "--resume"]) == 0
