@@ -309,8 +309,9 @@ def no_compiled_kernels_left():
 
 @pytest.fixture(scope="session", autouse=True)
 def auto_cache_outside_home(tmp_path_factory):
-    """attn_implementation="auto" writes its measurements to a cache folder (default ~/.cache/swapformer):
-    for the whole session it is a temporary one, so no test writes to the user's home."""
+    """attn_implementation="auto" writes its measurements to a cache folder (default ~/.cache/swapformer),
+    and `swapformer train` its token shards (default: beside `datasets`' cache): for the whole session
+    SWAPFORMER_CACHE_DIR names a temporary folder for both, so no test writes to the user's home."""
     before = os.environ.get("SWAPFORMER_CACHE_DIR")
     os.environ["SWAPFORMER_CACHE_DIR"] = str(tmp_path_factory.mktemp("swapformer-cache"))
     yield

@@ -105,7 +105,7 @@ class TrainArgs:
     max_val_chars: int | None = None
     val_fraction: float = 0.05
     num_proc: int | None = None  # tokenizing processes (None: one per 50 M characters, at most the CPUs)
-    cache_dir: str | None = None  # documents and token shards (None: beside `datasets`' cache)
+    cache_dir: str | None = None  # documents and token shards (None: shards.cache_dir's default)
     mlm_probability: float = 0.15
     noise_density: float = 0.15
     mean_span_length: float = 3.0

@@ -88,7 +88,8 @@ def _data(group) -> None:
     proc_help = "processes that tokenize (default: one per 50 M characters of a split, at most the CPUs)"
     group.add_argument("--num-proc", type=int, help=proc_help)
     cache_help = (
-        "where documents and token shards are cached for the next run (default: beside `datasets`' cache)"
+        "where documents and token shards are cached for the next run (default: $SWAPFORMER_CACHE_DIR/tokens, "
+        "else beside `datasets`' cache)"
     )
     group.add_argument("--cache-dir", help=cache_help)
     _option(group, "mlm_probability", "masked LM: share of tokens chosen")

@@ -29,14 +29,15 @@ HASH_TOKENS = 1 << 22  # tokens hashed at a time by `fingerprint`
 
 
 def cache_dir(given: str | None) -> pathlib.Path:
-    """--cache-dir, else beside `datasets`' own cache (HF_DATASETS_CACHE, read when asked)."""
+    """--cache-dir, else `$SWAPFORMER_CACHE_DIR/tokens` (swapformer's one cache folder, which also holds
+    attn_implementation="auto"'s measurements), else beside `datasets`' own cache (HF_DATASETS_CACHE)."""
+    if given:
+        return pathlib.Path(given)
+    if os.environ.get("SWAPFORMER_CACHE_DIR"):
+        return pathlib.Path(os.environ["SWAPFORMER_CACHE_DIR"]) / "tokens"
     import datasets.config
 
-    return (
-        pathlib.Path(given)
-        if given
-        else pathlib.Path(datasets.config.HF_DATASETS_CACHE) / "swapformer-tokens"
-    )
+    return pathlib.Path(datasets.config.HF_DATASETS_CACHE) / "swapformer-tokens"
 
 
 def _encode(batch: dict, indices: list[int], tokenizer, eos: int, limits) -> dict:

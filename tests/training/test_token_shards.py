@@ -135,3 +135,13 @@ def test_the_splits_are_disjoint_and_cover_every_document(tmp_path, text_folder)
         assert sorted(taken) == list(range(len(table)))  # each row once
         again = doc_table.split_rows(table, 0.15, 0, 0)
         assert all(np.array_equal(rows[s][0], again[s][0]) for s in rows)
+
+
+def test_token_shards_go_to_the_swapformer_cache_folder_unless_given(tmp_path, monkeypatch):
+    from swapformer.training.shards import cache_dir
+
+    monkeypatch.setenv("SWAPFORMER_CACHE_DIR", str(tmp_path / "sf"))
+    assert cache_dir(None) == tmp_path / "sf" / "tokens"
+    assert cache_dir(str(tmp_path / "given")) == tmp_path / "given"
+    monkeypatch.delenv("SWAPFORMER_CACHE_DIR")
+    assert cache_dir(None).name == "swapformer-tokens"
