@@ -11,8 +11,8 @@ import time
 
 import torch
 
-# cProfile categories: (file path ending, function) whose cumulative time is summed; "forward" is
-# derived (the training step's own function minus backward)
+# cProfile categories: {name: [(file path ending, function)]}, whose cumulative times are summed.
+# "forward" is derived: the side's forward + backward function minus what runs inside it (`INSIDE`).
 SWAPFORMER_PARTS = {
     "batch (data)": [("training/data.py", "step_batch")],
     "forward + backward": [("training/step.py", "forward_backward")],
@@ -33,11 +33,13 @@ TRAINER_PARTS = {
     ],
     "metrics log": [("transformers/trainer.py", "log")],
 }
+CLIP = "torch/nn/utils/clip_grad.py"
 COMMON_PARTS = {
     "backward": [("torch/autograd/__init__.py", "backward")],
-    "clip": [("torch/nn/utils/clip_grad.py", "clip_grad_norm_")],
-    "optimizer (AdamW)": [("torch/optim/adamw.py", "step")],
+    "clip": [(CLIP, "clip_grad_norm_"), (CLIP, "get_total_norm"), (CLIP, "clip_grads_with_norm_")],
+    "optimizer (AdamW)": [("torch/optim/adam.py", "step")],  # AdamW's step is Adam's
 }
+INSIDE = {"swapformer": ("backward", "clip"), "Trainer": ("backward",)}
 
 
 class Recorder:
@@ -93,7 +95,7 @@ class Recorder:
         torch.save({"train": train, "eval": evals, "init": self.init, **extra}, path)
 
 
-def profiled(job, parts: dict, spec: dict) -> tuple:
+def profiled(job, parts: dict, inside: tuple, spec: dict) -> tuple:
     """`job()`, under cProfile when the spec asks; (its result, {category: seconds}, top lines)."""
     if not spec["profile"]:
         return job(), {}, []
@@ -107,7 +109,7 @@ def profiled(job, parts: dict, spec: dict) -> tuple:
         name: sum(ct for (file, _, fn), (_, _, _, ct, _) in stats.items() if (file, fn) in _ends(file, where))
         for name, where in {**parts, **COMMON_PARTS}.items()
     }
-    cum["forward (fwd + bwd - backward)"] = cum.pop("forward + backward") - cum["backward"]
+    cum["forward (and loss)"] = cum.pop("forward + backward") - sum(cum[k] for k in inside)
     own = sorted(stats.items(), key=lambda kv: -kv[1][2])[:12]
     top = [
         f"{tt:7.2f} s own, {ct:7.2f} s cum  {pathlib.Path(f).name}:{ln} {fn}"
@@ -147,7 +149,9 @@ def swapformer_side(spec: dict, start: float) -> dict:
         eval_every=spec["steps"],  # the final evaluation only, as Trainer's side
         seed=spec["seed"],
     )
-    metrics, cum, top = profiled(lambda: train(args, step_hook=rec.step_end), SWAPFORMER_PARTS, spec)
+    metrics, cum, top = profiled(
+        lambda: train(args, step_hook=rec.step_end), SWAPFORMER_PARTS, INSIDE["swapformer"], spec
+    )
     end = time.time()
     history = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     lrs = [r["lr"] for r in history if "lr" in r]
@@ -240,7 +244,7 @@ def trainer_side(spec: dict, start: float) -> dict:
         trainer.save_model()
         return trainer, math.exp(loss)
 
-    (trainer, perplexity), cum, top = profiled(job, TRAINER_PARTS, spec)
+    (trainer, perplexity), cum, top = profiled(job, TRAINER_PARTS, INSIDE["Trainer"], spec)
     end = time.time()
     lrs = [r["learning_rate"] for r in trainer.state.log_history if "learning_rate" in r]
     decayed = {id(p) for g in trainer.optimizer.param_groups if g["weight_decay"] > 0 for p in g["params"]}

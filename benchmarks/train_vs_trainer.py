@@ -70,6 +70,9 @@ def parse(argv):
     p.add_argument("--work", help="folder for the corpus, tokenizer and both runs (default: a temporary one)")
     p.add_argument("--profile", action="store_true", help="run each side under cProfile; print the breakdown")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--rounds", type=int, default=1, help="run both sides this many times; keep each one's best"
+    )
     args = p.parse_args(argv)
     if args.quick:
         for name, value in QUICK.items():
@@ -126,9 +129,18 @@ def main(argv=None) -> dict:
     results = {"swapformer": run_side("swapformer", spec_path)}
     spec["llama_init"], conversion_diff = llama_init(spec, work)
     spec_path.write_text(json.dumps(spec, indent=1))
-    results["Trainer"] = run_side("Trainer", spec_path)
+    rounds = {"swapformer": [results["swapformer"]], "Trainer": [run_side("Trainer", spec_path)]}
+    for r in range(1, args.rounds):  # every other round Trainer goes first: drift of the load falls on both
+        for side in ("Trainer", "swapformer") if r % 2 else ("swapformer", "Trainer"):
+            rounds[side].append(run_side(side, spec_path))
+    results = {side: max(runs, key=lambda x: x["tokens_per_s"]) for side, runs in rounds.items()}
     checks = check_all(work, results, conversion_diff)
     print_table(args, results, checks)
+    if args.rounds > 1:
+        each = "; ".join(
+            f"{s} " + ", ".join(f"{r['tokens_per_s']:,.0f}" for r in runs) for s, runs in rounds.items()
+        )
+        print(f"tokens/s of each round (the table shows each side's best round): {each}")
     if args.profile:
         print_profile(results)
     if not args.work:
