@@ -33,10 +33,9 @@ TRAINER_PARTS = {
     ],
     "metrics log": [("transformers/trainer.py", "log")],
 }
-CLIP = "torch/nn/utils/clip_grad.py"
 COMMON_PARTS = {
     "backward": [("torch/autograd/__init__.py", "backward")],
-    "clip": [(CLIP, "clip_grad_norm_"), (CLIP, "get_total_norm"), (CLIP, "clip_grads_with_norm_")],
+    "clip": [("accelerate/accelerator.py", "clip_grad_norm_")],  # both sides clip through Accelerate
     "optimizer (AdamW)": [("torch/optim/adam.py", "step")],  # AdamW's step is Adam's
 }
 INSIDE = {"swapformer": ("backward", "clip"), "Trainer": ("backward",)}
