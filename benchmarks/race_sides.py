@@ -13,26 +13,25 @@ import torch
 
 # cProfile categories: {name: [(file path ending, function)]}, whose cumulative times are summed.
 # "forward" is derived: the side's forward + backward function minus what runs inside it (`INSIDE`).
-SWAPFORMER_PARTS = {
-    "batch (data)": [("training/data.py", "step_batch")],
-    "forward + backward": [("training/step.py", "forward_backward")],
-    "evaluation": [("training/evaluation.py", "evaluate")],
-    "checkpoint + folder": [
-        ("training/checkpointing.py", "save_checkpoint"),
-        ("training/report.py", "write_folder"),
-    ],
-    "metrics log": [("training/report.py", "__call__")],
+# category: (swapformer's functions, Trainer's functions), each "file path ending:function"
+SIDE_PARTS = {
+    "batch (data)": (["training/data.py:step_batch"], ["transformers/trainer.py:get_batch_samples"]),
+    "forward + backward": (["training/step.py:forward_backward"], ["transformers/trainer.py:training_step"]),
+    "evaluation": (["training/evaluation.py:evaluate"], ["transformers/trainer.py:evaluate"]),
+    "checkpoint + folder": (
+        ["training/checkpointing.py:save_checkpoint", "training/report.py:write_folder"],
+        ["transformers/trainer.py:_save_checkpoint", "transformers/trainer.py:save_model"],
+    ),
+    "metrics log": (["training/report.py:__call__"], ["transformers/trainer.py:log"]),
 }
-TRAINER_PARTS = {
-    "batch (data)": [("transformers/trainer.py", "get_batch_samples")],
-    "forward + backward": [("transformers/trainer.py", "training_step")],
-    "evaluation": [("transformers/trainer.py", "evaluate")],
-    "checkpoint + folder": [
-        ("transformers/trainer.py", "_save_checkpoint"),
-        ("transformers/trainer.py", "save_model"),
-    ],
-    "metrics log": [("transformers/trainer.py", "log")],
-}
+
+
+def side_parts(side: int) -> dict:
+    """{category: [(file path ending, function)]} of one side (0: swapformer, 1: Trainer)."""
+    return {name: [tuple(w.split(":")) for w in pair[side]] for name, pair in SIDE_PARTS.items()}
+
+
+SWAPFORMER_PARTS, TRAINER_PARTS = side_parts(0), side_parts(1)
 COMMON_PARTS = {
     "backward": [("torch/autograd/__init__.py", "backward")],
     "clip": [("accelerate/accelerator.py", "clip_grad_norm_")],  # both sides clip through Accelerate
@@ -135,18 +134,12 @@ def swapformer_side(spec: dict, start: float) -> dict:
         overwrite=True,
         no_progress=True,
         set=spec["shape"],
-        seq_len=spec["seq_len"],
-        batch_size=spec["batch"],
-        grad_accum=spec["grad_accum"],
-        max_steps=spec["steps"],
-        lr=spec["lr"],
-        warmup_steps=spec["warmup"],
-        **spec["optimizer"],
         max_train_chars=0,
         max_val_chars=0,
-        save_every=spec["steps"],
-        eval_every=spec["steps"],  # the final evaluation only, as Trainer's side
-        seed=spec["seed"],
+        **spec["optimizer"],
+        # the final evaluation and one checkpoint only, as Trainer's side
+        **from_spec(spec, "seq_len batch_size=batch grad_accum max_steps=steps lr warmup_steps=warmup seed"),
+        **from_spec(spec, "save_every=steps eval_every=steps"),
     )
     metrics, cum, top = profiled(
         lambda: train(args, step_hook=rec.step_end), SWAPFORMER_PARTS, INSIDE["swapformer"], spec
@@ -255,18 +248,12 @@ def trainer_side(spec: dict, start: float) -> dict:
 def training_arguments(cls, spec: dict, out: pathlib.Path):
     """Trainer's arguments for the same optimisation as swapformer's side (its defaults elsewhere)."""
     opt = spec["optimizer"]
+    same = "weight_decay adam_beta1 adam_beta2 adam_epsilon=adam_eps max_grad_norm"
     return cls(
         output_dir=str(out),
-        per_device_train_batch_size=spec["batch"],
-        per_device_eval_batch_size=spec["batch"],
-        gradient_accumulation_steps=spec["grad_accum"],
-        max_steps=spec["steps"],
-        learning_rate=spec["lr"],
-        weight_decay=opt["weight_decay"],
-        adam_beta1=opt["adam_beta1"],
-        adam_beta2=opt["adam_beta2"],
-        adam_epsilon=opt["adam_eps"],
-        max_grad_norm=opt["max_grad_norm"],
+        **from_spec(spec, "per_device_train_batch_size=batch per_device_eval_batch_size=batch"),
+        **from_spec(spec, "gradient_accumulation_steps=grad_accum max_steps=steps learning_rate=lr"),
+        **from_spec(opt, same),
         warmup_steps=spec["warmup"],
         train_sampling_strategy="sequential",  # the blocks are already in swapformer's order
         logging_steps=1,  # every step's learning rate, for the schedule check
@@ -279,6 +266,13 @@ def training_arguments(cls, spec: dict, out: pathlib.Path):
         use_cpu=True,
         seed=spec["seed"],
     )
+
+
+def from_spec(spec: dict, names: str) -> dict:
+    """Keyword arguments from `spec`: `names` holds `argument=key` pairs, or `argument` alone where the
+    key is the same, separated by spaces."""
+    pairs = (name.partition("=") for name in names.split())
+    return {argument: spec[key or argument] for argument, _, key in pairs}
 
 
 def schedule(spec: dict):

@@ -33,15 +33,9 @@ def test_one_adamw_step_moves_the_weights_exactly_as_trainers_default_optimizer(
     options = model_options(args)
     ours, theirs = (build_model(args, options, Tokenizer()) for _ in range(2))
     assert all(torch.equal(a, b) for a, b in zip(ours.parameters(), theirs.parameters()))
+    same = {name: getattr(args, name) for name in ("weight_decay", "adam_beta1", "adam_beta2")}
     settings = TrainingArguments(
-        output_dir=str(tmp_path),
-        report_to=[],
-        use_cpu=True,
-        learning_rate=args.lr,
-        weight_decay=args.weight_decay,
-        adam_beta1=args.adam_beta1,
-        adam_beta2=args.adam_beta2,
-        adam_epsilon=args.adam_eps,
+        str(tmp_path), report_to=[], use_cpu=True, learning_rate=args.lr, adam_epsilon=args.adam_eps, **same
     )
     trainer = Trainer(model=theirs, args=settings)
     reference = trainer.create_optimizer()
