@@ -14,7 +14,6 @@ which, per layer, before the layer runs; `append` is how a layer adds its new ke
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -200,19 +199,6 @@ class CacheView:
             return key, value
         part = self.cache.self_attention_cache if isinstance(self.cache, EncoderDecoderCache) else self.cache
         return part.update(key, value, layer_idx)
-
-    def cross_keys_values(self, layer_idx: int, project: Callable[[], tuple[torch.Tensor, torch.Tensor]]):
-        """Cross-attention layer `layer_idx`'s keys and values: `project()`ed from the encoder output
-        once, then kept in the cache and reused at every decoding step."""
-        cache = self.cache
-        if cache is None:
-            return project()
-        part = cache.cross_attention_cache if isinstance(cache, EncoderDecoderCache) else cache
-        if cache.is_updated.get(layer_idx):
-            return part.layers[layer_idx].keys, part.layers[layer_idx].values
-        key, value = part.update(*project(), layer_idx)
-        cache.is_updated[layer_idx] = True
-        return key, value
 
 
 __all__ = [

@@ -1,10 +1,40 @@
-"""The checks of inputs a plain forward does not have, run only when they are given: the values of a 2D
-`attention_mask` and the shape of `global_attention_mask` (inputs.py calls them)."""
+"""What inputs.py reads without running it in a plain forward: the names of the base models' keyword
+inputs (`BaseModelKwargs`), and the checks of inputs a plain forward does not have, run only when they
+are given (the values of a 2D `attention_mask`, the shape of `global_attention_mask`)."""
 
 from __future__ import annotations
 
+from typing import TypedDict
+
 import torch
 from torch import nn
+
+PACKING_INPUTS = ("cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k", "seq_idx")
+
+
+class BaseModelKwargs(TypedDict, total=False):
+    """The inputs of every base model that pass as `**kwargs` (all of them names of transformers'
+    `TransformersKwargs`, which generate() accepts without finding them in a signature).
+
+    Args:
+        output_attentions, output_hidden_states: return every layer's attention map / hidden state
+            (default: the config's).
+        cu_seq_lens_q, cu_seq_lens_k, max_length_q, max_length_k, seq_idx: packed sequences as
+            `DataCollatorWithFlattening` marks them (restarting `position_ids` alone do too); each
+            sequence then attends only to itself (modeling/attention/packing.py). Of the encoder input, for an
+            encoder-decoder.
+
+    transformers' models ignore a keyword they do not know; here a name outside these is a TypeError
+    (`check_base_inputs`), as a misspelt keyword argument of a plain function is.
+    """
+
+    output_attentions: bool | None
+    output_hidden_states: bool | None
+    cu_seq_lens_q: torch.Tensor | None
+    cu_seq_lens_k: torch.Tensor | None
+    max_length_q: int | None
+    max_length_k: int | None
+    seq_idx: torch.Tensor | None
 
 
 def check_mask_values(attention_mask: torch.Tensor, prefix: str) -> None:

@@ -1,5 +1,5 @@
-"""A stack's inputs: the keyword inputs of every base model (`BaseModelKwargs`), their checks, made
-before anything is computed from them, and their `Positions`.
+"""A stack's inputs: the keyword inputs of every base model (`BaseModelKwargs`, input_values.py), their
+checks, made before anything is computed from them, and their `Positions`.
 
 Shape legend: B batch, T new tokens, P cached tokens, S = P + T keys (or a static cache's slots).
 
@@ -13,41 +13,13 @@ values, and runs them nowhere (run a batch eagerly once to have it checked).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TypedDict
 
 import torch
 from torch import nn
 
 from ..attention.custom_masks import check_custom_mask, custom_allowed, refuse_packing_with_custom_mask
 from ..attention.packing import PackedSequences, find_packed_sequences
-from .input_values import check_global_mask, check_mask_values
-
-PACKING_INPUTS = ("cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k", "seq_idx")
-
-
-class BaseModelKwargs(TypedDict, total=False):
-    """The inputs of every base model that pass as `**kwargs` (all of them names of transformers'
-    `TransformersKwargs`, which generate() accepts without finding them in a signature).
-
-    Args:
-        output_attentions, output_hidden_states: return every layer's attention map / hidden state
-            (default: the config's).
-        cu_seq_lens_q, cu_seq_lens_k, max_length_q, max_length_k, seq_idx: packed sequences as
-            `DataCollatorWithFlattening` marks them (restarting `position_ids` alone do too); each
-            sequence then attends only to itself (modeling/attention/packing.py). Of the encoder input, for an
-            encoder-decoder.
-
-    transformers' models ignore a keyword they do not know; here a name outside these is a TypeError
-    (`check_base_inputs`), as a misspelt keyword argument of a plain function is.
-    """
-
-    output_attentions: bool | None
-    output_hidden_states: bool | None
-    cu_seq_lens_q: torch.Tensor | None
-    cu_seq_lens_k: torch.Tensor | None
-    max_length_q: int | None
-    max_length_k: int | None
-    seq_idx: torch.Tensor | None
+from .input_values import PACKING_INPUTS, BaseModelKwargs, check_global_mask, check_mask_values
 
 
 def check_base_inputs(module: nn.Module, kwargs: dict) -> None:

@@ -3,14 +3,11 @@
 Shape legend: B batch, T query length, S key length, E hidden size, H query heads, K key/value
 heads, D head dim.
 
-The encoder, the decoder and both halves of the encoder-decoder are the same stack (stack.py) of the
-same `Block`s with two switches: causal self-attention, and cross-attention. The stack makes the
-forward's plan (plan.py); a block's attention projects, rotates, appends to the cache and calls the
-attention function its `LayerPlan` holds, with the mask lowered for it (`run_backend`, `call_attention`).
-Variants subclass `Attention` in their own modules and are chosen once, when the stack is built
-(variants/attention_choice.py): streaming sinks, Longformer's global projections, Linformer,
-cross-attention; multi-head latent attention (mla.py) subclasses `AttentionBase`. Learned sinks are a
-parameter and the backend call that folds them in (sinks.run_with_sinks), chosen in `Attention.__init__`.
+The stack (stack.py) makes each forward's plan (plan.py); a block's attention projects, rotates, appends
+to the cache and calls the attention function its `LayerPlan` holds, with the mask lowered for it.
+Variants subclass `Attention` (or `AttentionBase`: MLA) in variants/ and are chosen once, when the stack
+is built (attention_choice.py); learned sinks are a parameter and a backend call (sinks.run_with_sinks)
+chosen in `Attention.__init__`. `project` and `MLP.forward` are the seam of the CPU speed routes (cpu/).
 """
 
 from __future__ import annotations
@@ -24,7 +21,7 @@ from transformers import GradientCheckpointingLayer
 from ...configuration.backends import APPLIES_DROPOUT, COMPILES_ON, TRAINS_ON, check_backend_for_forward
 from ..attention.functions import attention_weights, run_uncompiled
 from ..compat.hf_compat import ACT2FN
-from ..cpu import IN_PLACE, cpu_linear_route, cpu_mlp, project
+from ..cpu import IN_PLACE, cpu_linear_route, cpu_mlp, routes
 from ..variants.sinks import run_with_sinks
 from .positions import apply_rope
 
@@ -75,8 +72,14 @@ class MLP(nn.Module):
         self.dropout = nn.Dropout(config.activation_dropout)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # `compute(x, self.act_fn)`, in row chunks where no gradient is taken (cpu.cpu_mlp)
+        # without gradients, activations over one chunk go to the CPU route of row chunks (the seam)
+        if torch.compiler.is_compiling() or torch.is_grad_enabled() or self.fits_one_chunk(x):
+            return self.compute(x, self.act_fn)
         return cpu_mlp(self, x)
+
+    def fits_one_chunk(self, x: torch.Tensor) -> bool:
+        rows = x.numel() // x.shape[-1]
+        return rows * self.up_proj.out_features * x.element_size() <= routes.MLP_CHUNK_BYTES
 
     def compute(self, x: torch.Tensor, act) -> torch.Tensor:
         if self.gate_proj is None:
@@ -84,6 +87,16 @@ class MLP(nn.Module):
         else:
             h = act(project(self.gate_proj, x)) * project(self.up_proj, x)
         return project(self.down_proj, self.dropout(h))
+
+
+def project(module: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """`module(x)`: the seam through which layers and heads call their projections, where the CPU linear
+    route enters (cpu/routes.py): where "onednn" is in force, its call. The route is read as values, so
+    on torch's route a projection runs no code of the cpu package."""
+    if torch.compiler.is_compiling():  # first: the route's context variable is not traceable
+        return module(x)
+    route = routes.seam_route.get() or routes.environment_route or routes.resolve_environment_route()
+    return module(x) if route == "torch" else routes.onednn_project(module, x)
 
 
 # Attention -----------------------------------------------------------------------------------------
@@ -123,19 +136,11 @@ class AttentionBase(nn.Module):
         """The attention through its `LayerPlan`'s backend function (or `fn`, a wrapper of it):
         (output (B, T, H, D), the probabilities when `output_attentions`, recomputed from the pattern
         where the kernel returns none)."""
+        fn = plan.attention_fn if fn is None else fn
+        dropout = self.attention_dropout if self.training else 0.0
+        kwargs.update(plan.kernel_kwargs, scaling=self.scaling, dropout=dropout)
         out, weights = call_attention(
-            plan.attention_fn if fn is None else fn,
-            plan.backend,
-            plan.pattern.kind,
-            self,
-            q,
-            k,
-            v,
-            attention_mask,
-            scaling=self.scaling,
-            dropout=self.attention_dropout if self.training else 0.0,
-            **kwargs,
-            **plan.kernel_kwargs,
+            fn, plan.backend, plan.pattern.kind, self, q, k, v, attention_mask, **kwargs
         )
         if output_attentions and weights is None:
             weights = attention_weights(self, q, k, plan.pattern, self.scaling).to(q.dtype)
@@ -253,12 +258,10 @@ class Block(GradientCheckpointingLayer):
         self.layer_type = layer_type
         self.self_attn = attention(config, layer_idx, is_causal=is_causal, layer_type=layer_type)
         self.self_attn_norm = make_norm(config)
-        self.cross_attn = (
-            cross_attention(config, layer_idx, is_causal=False, layer_type=layer_type)
-            if cross_attention is not None
-            else None
-        )
-        self.cross_attn_norm = make_norm(config) if cross_attention else None
+        self.cross_attn = self.cross_attn_norm = None
+        if cross_attention is not None:
+            self.cross_attn = cross_attention(config, layer_idx, is_causal=False, layer_type=layer_type)
+            self.cross_attn_norm = make_norm(config)
         self.mlp = MLP(config)
         self.mlp_norm = make_norm(config)
         self.dropout = nn.Dropout(config.hidden_dropout)

@@ -2,10 +2,12 @@
 
 The model classes hold plain torch modules and call this package at four places only, each of which
 is the plain torch expression wherever its route does not apply:
-- `project(module, x)`: every projection and head; oneDNN's linear op for a plain `nn.Linear` in fp32 CPU
-  inference where the linear route is on (routes.py, linear.py), else `module(x)`, so PEFT's, quantizers' and hooked layers run as themselves;
-- `cpu_mlp(mlp, x)`: the MLP (routes.py); row chunks with an in-place activation without gradients when
-  its activations take more than one chunk (mlp.py), else `mlp.compute(x, mlp.act_fn)`;
+- `core.layers.project(module, x)`: every projection and head; it reads the linear route in force as
+  values (`routes.seam_route`, `routes.environment_route`) and calls `routes.onednn_project` where it is
+  "onednn" (oneDNN's linear op for a plain `nn.Linear` in fp32 CPU inference, linear.py), else
+  `module(x)`, so PEFT's, quantizers' and hooked layers run as themselves;
+- `cpu_mlp(mlp, x)`: the MLP without gradients when its activations take more than one chunk
+  (`core.layers.MLP.forward` asks); row chunks with an in-place activation (mlp.py);
 - `copies_for_generate(model, args, kwargs)`: around generate(); input-major copies of the decoding
   weights (weight_copies.py), else nothing;
 - `sparse_native_applies` / `sparse_native_attend`: the sparse backend's native fp32 CPU kernels
@@ -27,7 +29,6 @@ from .routes import (
     cpu_routes,
     cpu_routes_on,
     linear_route_in_force,
-    project,
     routes_off_reason,
 )
 from .sparse_native import applies as sparse_native_applies
@@ -65,7 +66,6 @@ __all__ = [
     "cpu_routes",
     "cpu_routes_on",
     "in_force",
-    "project",
     "sparse_cpu",
     "sparse_cpu_route",
     "sparse_native_applies",

@@ -1,7 +1,8 @@
 """The CPU linear route: when fp32 CPU inference of swapformer's projections may run on oneDNN.
 
-`project` and `linear`, the calls the layers make, are in routes.py beside the route's switch, which
-they check first: where the route is "torch" (the default on Intel), a call reads nothing here.
+The layers call `core.layers.project`, the seam, which reads the route in force as values and calls
+`routes.onednn_project` only where it is "onednn": where the route is "torch" (the default on Intel), a
+projection runs no code of this package.
 
 Every projection and head of a swapformer model is a plain `nn.Linear`, so libraries that check module
 types (PEFT's GLoRA, quantizers, pruning and export tools test `type(m) is nn.Linear`) see what they see

@@ -36,10 +36,13 @@ _routes_default: bool | None = None  # the environment's switch, read at the fir
 
 def cpu_routes_on() -> bool:
     """Whether the CPU speed routes may run (`cpu_routes`, else SWAPFORMER_CPU_ROUTES; default on)."""
-    global _routes_default
     chosen = _routes.get()
-    if chosen is not None:
-        return chosen
+    return cpu_routes_default() if chosen is None else chosen
+
+
+def cpu_routes_default() -> bool:
+    """SWAPFORMER_CPU_ROUTES (default on), read at the first call."""
+    global _routes_default
     if _routes_default is None:
         value = os.environ.get(ENV, "on").strip().lower()
         if value not in SWITCH:
@@ -71,13 +74,14 @@ class cpu_routes:
                 f"cpu_routes(enabled) takes True or False, got {enabled!r} ({type(enabled).__name__}); "
                 "to choose one route, use cpu_linear(route) or sparse_cpu(route)"
             )
-        self._token = _routes.set(enabled)
+        self._tokens = _routes.set(enabled), seam_route.set(_seam_value(enabled))
 
     def __enter__(self) -> cpu_routes:
         return self
 
     def __exit__(self, *exc) -> None:
-        _routes.reset(self._token)
+        _routes.reset(self._tokens[0])
+        seam_route.reset(self._tokens[1])
 
 
 # The linear route's switch -----------------------------------------------------------------------------
@@ -127,13 +131,40 @@ def cpu_linear(route: str):
     environment says; e.g. `with swapformer.cpu_linear("torch"):` for MKL's results bit for bit.
     `cpu_routes(False)` overrides it."""
     token = _chosen.set(resolve_route(check_route(route, "cpu_linear(route)")))
+    seam_token = seam_route.set(_seam_value(_routes.get()))
     try:
         yield
     finally:
         _chosen.reset(token)
+        seam_route.reset(seam_token)
 
 
-# The seam of the linear route ----------------------------------------------------------------------------
+# The linear route where the layers' seam meets it -----------------------------------------------------
+# `core.layers.project` is the seam: it reads `seam_route` (a context variable: what a switch set in this
+# context) and `environment_route` (the environment's route, resolved at the first call) as values, so a
+# projection on torch's route runs no code of this package, and calls `onednn_project` where "onednn" is
+# in force. The switches (`cpu_routes`, `cpu_linear`) set `seam_route` beside their own variables.
+
+seam_route: contextvars.ContextVar[str | None] = contextvars.ContextVar("swapformer_seam_route", default=None)
+environment_route: str | None = None  # "torch" or "onednn" where no switch is set; None until resolved
+
+
+def _seam_value(routes: bool | None) -> str | None:
+    """What `seam_route` holds once a switch is set: "torch" while `cpu_routes(False)` holds (`routes`),
+    else the route `cpu_linear` chose, else the environment's linear route while `cpu_routes(True)` holds,
+    else None (the environment's choice, `environment_route`)."""
+    if routes is False:
+        return "torch"
+    chosen = _chosen.get()
+    return chosen if chosen is not None or routes is None else _environment_route()
+
+
+def resolve_environment_route() -> str:
+    """`environment_route`, resolved: the route where no switch is set (`cpu_linear_route` there)."""
+    global environment_route
+    if environment_route is None:
+        environment_route = _environment_route() if cpu_routes_default() else "torch"
+    return environment_route
 
 
 def _onednn_route() -> bool:
@@ -156,11 +187,11 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     return F.linear(x, weight, bias)
 
 
-def project(module: nn.Module, x: torch.Tensor) -> torch.Tensor:
-    """`module(x)`, on oneDNN where the route is in force for a plain `nn.Linear` (linear.py): the one
-    seam through which swapformer's layers call their projections and heads. The module is looked at
-    after the route (a hooked or wrapped one may have no plain weight to read)."""
-    if _onednn_route() and plain_linear(module) and onednn_applies(x, module.weight, module.bias):
+def onednn_project(module: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """`module(x)` where the "onednn" route is in force (the seam, core.layers.project, calls it only
+    then): oneDNN's op for a plain `nn.Linear` it applies to (linear.py), else the module's own call (a
+    hooked or wrapped module may have no plain weight to read)."""
+    if plain_linear(module) and onednn_applies(x, module.weight, module.bias):
         return onednn_linear(x, module.weight, module.bias)
     return module(x)
 
@@ -172,7 +203,7 @@ def project(module: nn.Module, x: torch.Tensor) -> torch.Tensor:
 # buffers allocated once per call and reused by every chunk: fresh chunk-sized outputs fault too
 # whenever glibc has trimmed its heap (a gated BERT-base MLP at 4096 tokens: 36,737 faults per call
 # against 5,124, 9% slower; benchmarks/mlp_chunks.py). On the oneDNN route, whose op takes no output
-# buffer, each chunk calls the projections through `project`. A model with forward hooks on its
+# buffer, each chunk calls the projections through the seam (`core.layers.project`). A model with forward hooks on its
 # projections runs the MLP in one plain pass, so hooks see one call with the whole output. An MLP whose
 # activations fit in one chunk is the plain expression (cpu_mlp): nothing to chunk, and so no hook
 # to look for on the path every short input and decoding step takes.

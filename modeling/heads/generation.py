@@ -5,6 +5,7 @@ first step."""
 
 from __future__ import annotations
 
+from torch import nn
 from transformers import GenerationMixin
 
 from ..caches.cache import fresh_cache
@@ -52,4 +53,21 @@ class SwapformerGenerationMixin(GenerationMixin):
         return result
 
 
-__all__ = ["SwapformerGenerationMixin"]
+class DecoderGenerationMixin(SwapformerGenerationMixin):
+    """The decoder's generate(): a prompt's `global_attention_mask` is a decoder input that grows."""
+
+    def _update_model_kwargs_for_generation(
+        self, outputs, model_kwargs, is_encoder_decoder: bool = False, num_new_tokens: int = 1
+    ):
+        """generate() grows the attention mask per step; a prompt's `global_attention_mask` grows
+        with it (generated tokens are not global unless `global_tokens` says so)."""
+        model_kwargs = super()._update_model_kwargs_for_generation(
+            outputs, model_kwargs, is_encoder_decoder=is_encoder_decoder, num_new_tokens=num_new_tokens
+        )
+        marks = model_kwargs.get("global_attention_mask")
+        if marks is not None:
+            model_kwargs["global_attention_mask"] = nn.functional.pad(marks, (0, num_new_tokens), value=0)
+        return model_kwargs
+
+
+__all__ = ["DecoderGenerationMixin", "SwapformerGenerationMixin"]

@@ -14,9 +14,9 @@ from typing_extensions import Unpack
 
 from ...configuration.configuration_swapformer import DecoderConfig
 from ..caches.cache import dynamic_cache
+from ..core.layers import project
 from ..core.stack import StackMixin
-from ..cpu import project
-from .generation import SwapformerGenerationMixin
+from .generation import DecoderGenerationMixin
 from .losses import causal_lm_loss, sequence_classification_loss
 from .modeling_base import SwapformerPreTrainedModel
 from .task_heads import (
@@ -93,7 +93,7 @@ class DecoderModel(StackMixin, DecoderPreTrainedModel):
         return model_output(self.config, out, return_dict)
 
 
-class DecoderForCausalLM(TaskHead, DecoderPreTrainedModel, SwapformerGenerationMixin):
+class DecoderForCausalLM(TaskHead, DecoderPreTrainedModel, DecoderGenerationMixin):
     _tied_weights_keys = {"lm_head.weight": "model.embed_tokens.weight"}
     _tp_plan = {"lm_head": "colwise_gather_output"}  # with config.base_model_tp_plan, as Llama's
     _pp_plan = {"lm_head": (["hidden_states"], ["logits"])}
@@ -143,19 +143,6 @@ class DecoderForCausalLM(TaskHead, DecoderPreTrainedModel, SwapformerGenerationM
         wanted = labels is not None or shift_labels is not None  # losses.py runs only then
         loss = causal_lm_loss(logits, labels, shift_labels, num_items_in_batch) if wanted else None
         return dict(loss=loss, logits=logits)
-
-    def _update_model_kwargs_for_generation(
-        self, outputs, model_kwargs, is_encoder_decoder: bool = False, num_new_tokens: int = 1
-    ):
-        """generate() grows the attention mask per step; a prompt's `global_attention_mask` grows
-        with it (generated tokens are not global unless `global_tokens` says so)."""
-        model_kwargs = super()._update_model_kwargs_for_generation(
-            outputs, model_kwargs, is_encoder_decoder=is_encoder_decoder, num_new_tokens=num_new_tokens
-        )
-        marks = model_kwargs.get("global_attention_mask")
-        if marks is not None:
-            model_kwargs["global_attention_mask"] = nn.functional.pad(marks, (0, num_new_tokens), value=0)
-        return model_kwargs
 
 
 class DecoderForSequenceClassification(TaskHead, DecoderPreTrainedModel):

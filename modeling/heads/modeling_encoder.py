@@ -17,9 +17,8 @@ from typing_extensions import Unpack
 
 from ...configuration.configuration_swapformer import EncoderConfig
 from ..compat.hf_compat import ACT2FN
-from ..core.layers import make_norm
+from ..core.layers import make_norm, project
 from ..core.stack import StackMixin
-from ..cpu import project
 from .encoder_prefix import key_value_prefix
 from .losses import sequence_classification_loss, span_loss, token_cross_entropy
 from .modeling_base import SwapformerPreTrainedModel

@@ -13,7 +13,7 @@ from ...configuration.configuration_swapformer import Seq2SeqConfig
 from ..attention.packing import find_packed_sequences
 from ..caches.cache import dynamic_cache
 from ..compat.hf_compat import init
-from ..cpu import project
+from ..core.layers import project
 from .generation import SwapformerGenerationMixin
 from .losses import check_label_ids, token_cross_entropy
 from .modeling_base import SwapformerPreTrainedModel

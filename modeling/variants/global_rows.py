@@ -16,9 +16,8 @@ from ...configuration.backends import LAYER_TYPE_PATTERN
 from ...configuration.configuration_swapformer import GLOBAL_KINDS
 from ..attention.functions import attention_probabilities, repeat_kv
 from ..attention.masks import AttentionPattern
-from ..core.layers import Attention
+from ..core.layers import Attention, project
 from ..core.positions import apply_rope
-from ..cpu import project
 
 
 class GlobalProjectionAttention(Attention):

@@ -25,9 +25,8 @@ from typing import TYPE_CHECKING
 import torch
 from torch import nn
 
-from ..core.layers import AttentionBase, RMSNorm
+from ..core.layers import AttentionBase, RMSNorm, project
 from ..core.positions import apply_rope
-from ..cpu import project
 
 if TYPE_CHECKING:
     from ..core.plan import LayerPlan

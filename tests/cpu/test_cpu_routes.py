@@ -28,7 +28,7 @@ CLASSES = {
     "seq2seq": swapformer.Seq2SeqForConditionalGeneration,
 }
 NATIVE = "native" in SPARSE_CPU_ROUTES
-env_switch = route_env_fixture(routes, "_routes_default", "_default")
+env_switch = route_env_fixture(routes, "_routes_default", "_default", "environment_route")
 
 
 def watch_routes(monkeypatch, forbid: bool) -> dict[str, int]:

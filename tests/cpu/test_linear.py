@@ -10,9 +10,10 @@ import torch.nn.functional as F
 from torch import nn
 
 import swapformer
+from swapformer.modeling.core.layers import project
 from swapformer.modeling.cpu import route_choice
 from swapformer.modeling.cpu import routes as routes_module
-from swapformer.modeling.cpu.routes import cpu_linear, cpu_linear_route, project
+from swapformer.modeling.cpu.routes import cpu_linear, cpu_linear_route
 from swapformer.modeling.cpu.weight_copies import DecodingWeights, input_major_copy
 
 from conftest import build, max_diff, route_env_fixture, tiny_config
@@ -35,7 +36,7 @@ def relative_diff(a: torch.Tensor, b: torch.Tensor) -> float:
     return max_diff(a, b) / max(float(b.abs().max()), 1e-30)
 
 
-env_route = route_env_fixture(routes_module, "_default", env="LINEAR_ENV")
+env_route = route_env_fixture(routes_module, "_default", "environment_route", env="LINEAR_ENV")
 
 
 @pytest.mark.parametrize(
