@@ -5,7 +5,7 @@
 
 Three ways to run the same `MLP` module (fp32, batch 1, no gradients), interleaved:
 
-- one pass: `MLP_CHUNK_BYTES` larger than the whole intermediate activation, so up_proj writes a
+- one pass: `Seam.mlp_chunk_bytes` larger than the whole intermediate activation, so up_proj writes a
   fresh (tokens, 3072) tensor (48 MiB at 4096 tokens), which glibc maps fresh on every call;
 - chunks, module calls: rows a chunk at a time through the projection modules (each call allocates
   its own output) and the chunk results copied into the output (how PEFT-wrapped or quantized
@@ -67,14 +67,14 @@ def main():
         if getattr(wrapped, name) is not None:
             setattr(wrapped, name, Wrapped(getattr(wrapped, name)))
     x = torch.randn(1, args.tokens, config.hidden_size)
-    chunk_bytes = chunking.MLP_CHUNK_BYTES
+    chunk_bytes = chunking.Seam.mlp_chunk_bytes
 
     def one_pass():
-        chunking.MLP_CHUNK_BYTES = 2**62
+        chunking.Seam.mlp_chunk_bytes = 2**62
         try:
             return plain(x)
         finally:
-            chunking.MLP_CHUNK_BYTES = chunk_bytes
+            chunking.Seam.mlp_chunk_bytes = chunk_bytes
 
     fns = {
         "one pass": one_pass,

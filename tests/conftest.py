@@ -237,11 +237,19 @@ def padded_batch(batch=3, length=9, padding="right", seed=0, vocab=VOCAB):
     return ids, mask
 
 
+def _owner(module, name: str) -> tuple[object, str]:
+    """(object, attribute) a dotted `name` ("Seam.environment") names under `module`."""
+    *path, attribute = name.split(".")
+    for part in path:
+        module = getattr(module, part)
+    return module, attribute
+
+
 def route_env_fixture(module, *cached: str, env: str = "ENV"):
     """A fixture `env_route(value)` that sets the variable named by `module.<env>` (None: unset) as a new
     process would see it: the module reads its environment variable once and keeps what it read in the
-    attributes `cached`, which are cleared with every call and after the test (SWAPFORMER_CPU_ROUTES,
-    SWAPFORMER_CPU_LINEAR, SWAPFORMER_SPARSE_CPU)."""
+    attributes `cached` (a dotted name for a class attribute), which are cleared with every call and after
+    the test (SWAPFORMER_CPU_ROUTES, SWAPFORMER_CPU_LINEAR, SWAPFORMER_SPARSE_CPU)."""
     variable = getattr(module, env)
 
     @pytest.fixture
@@ -252,11 +260,11 @@ def route_env_fixture(module, *cached: str, env: str = "ENV"):
             else:
                 monkeypatch.setenv(variable, value)
             for name in cached:
-                monkeypatch.setattr(module, name, None)
+                monkeypatch.setattr(*_owner(module, name), None)
 
         yield set_route
         for name in cached:
-            setattr(module, name, None)
+            setattr(*_owner(module, name), None)
 
     return env_route
 

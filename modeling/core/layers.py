@@ -21,7 +21,8 @@ from transformers import GradientCheckpointingLayer
 from ...configuration.backends import APPLIES_DROPOUT, COMPILES_ON, TRAINS_ON, check_backend_for_forward
 from ..attention.functions import attention_weights, run_uncompiled
 from ..compat.hf_compat import ACT2FN
-from ..cpu import IN_PLACE, cpu_linear_route, cpu_mlp, routes
+from ..cpu import IN_PLACE, cpu_linear_route, cpu_mlp
+from ..cpu.routes import Seam, onednn_project, resolve_environment_route
 from ..variants.sinks import run_with_sinks
 from .positions import apply_rope
 
@@ -79,7 +80,7 @@ class MLP(nn.Module):
 
     def fits_one_chunk(self, x: torch.Tensor) -> bool:
         rows = x.numel() // x.shape[-1]
-        return rows * self.up_proj.out_features * x.element_size() <= routes.MLP_CHUNK_BYTES
+        return rows * self.up_proj.out_features * x.element_size() <= Seam.mlp_chunk_bytes
 
     def compute(self, x: torch.Tensor, act) -> torch.Tensor:
         if self.gate_proj is None:
@@ -95,8 +96,8 @@ def project(module: nn.Module, x: torch.Tensor) -> torch.Tensor:
     on torch's route a projection runs no code of the cpu package."""
     if torch.compiler.is_compiling():  # first: the route's context variable is not traceable
         return module(x)
-    route = routes.seam_route.get() or routes.environment_route or routes.resolve_environment_route()
-    return module(x) if route == "torch" else routes.onednn_project(module, x)
+    route = Seam.linear.get() or Seam.environment or resolve_environment_route()
+    return module(x) if route == "torch" else onednn_project(module, x)
 
 
 # Attention -----------------------------------------------------------------------------------------

@@ -3,7 +3,7 @@
 The model classes hold plain torch modules and call this package at four places only, each of which
 is the plain torch expression wherever its route does not apply:
 - `core.layers.project(module, x)`: every projection and head; it reads the linear route in force as
-  values (`routes.seam_route`, `routes.environment_route`) and calls `routes.onednn_project` where it is
+  values (`routes.Seam`) and calls `routes.onednn_project` where it is
   "onednn" (oneDNN's linear op for a plain `nn.Linear` in fp32 CPU inference, linear.py), else
   `module(x)`, so PEFT's, quantizers' and hooked layers run as themselves;
 - `cpu_mlp(mlp, x)`: the MLP without gradients when its activations take more than one chunk
@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from .mlp import IN_PLACE
 from .routes import (
-    MLP_CHUNK_BYTES,
+    Seam,
     cpu_linear,
     cpu_linear_route,
     cpu_mlp,
@@ -42,7 +42,7 @@ def chunking_in_force() -> str:
     off = routes_off_reason()
     if off is not None:
         return f"off ({off})"
-    return f"on (without gradients, {MLP_CHUNK_BYTES / 2**20:g} MiB of activations at a time)"
+    return f"on (without gradients, {Seam.mlp_chunk_bytes / 2**20:g} MiB of activations at a time)"
 
 
 def in_force() -> dict[str, str]:

@@ -1,5 +1,5 @@
 """MLP row chunking, a CPU route: without gradients, an MLP whose activations take more than one chunk
-(routes.py: `MLP_CHUNK_BYTES`, where the measurements behind it are) runs over row chunks with an in-place activation, its projections written into
+(routes.py: `Seam.mlp_chunk_bytes`, where the measurements behind it are) runs over row chunks with an in-place activation, its projections written into
 buffers made once per call, so that `MLP.forward` stays the plain expression `mlp.compute(x, act)`.
 `routes.cpu_mlp`, the seam the MLP calls, makes the cheap checks (gradients, compile, the switch, the
 size) and enters `chunked` only past them. Off with the other routes (`cpu_routes(False)`,
@@ -26,7 +26,7 @@ IN_PLACE = {
 def chunked(mlp: nn.Module, x: torch.Tensor, chunk_bytes: int, onednn_in_force) -> torch.Tensor:
     """`mlp.compute(x, act)` without gradients for an `x` of more than one chunk: in row chunks with an
     in-place activation, or one plain pass when a hook watches a projection (it sees one call with the
-    whole, untouched output). `chunk_bytes`: activations per chunk (routes.MLP_CHUNK_BYTES);
+    whole, untouched output). `chunk_bytes`: activations per chunk (routes.Seam.mlp_chunk_bytes);
     `onednn_in_force(x, weight, bias)`: the linear route's own check."""
     projections = [p for p in (mlp.gate_proj, mlp.up_proj, mlp.down_proj) if p is not None]
     if any(module_hooked(p) for p in projections):

@@ -74,14 +74,14 @@ class cpu_routes:
                 f"cpu_routes(enabled) takes True or False, got {enabled!r} ({type(enabled).__name__}); "
                 "to choose one route, use cpu_linear(route) or sparse_cpu(route)"
             )
-        self._tokens = _routes.set(enabled), seam_route.set(_seam_value(enabled))
+        self._tokens = _routes.set(enabled), Seam.linear.set(_seam_value(enabled))
 
     def __enter__(self) -> cpu_routes:
         return self
 
     def __exit__(self, *exc) -> None:
         _routes.reset(self._tokens[0])
-        seam_route.reset(self._tokens[1])
+        Seam.linear.reset(self._tokens[1])
 
 
 # The linear route's switch -----------------------------------------------------------------------------
@@ -131,28 +131,38 @@ def cpu_linear(route: str):
     environment says; e.g. `with swapformer.cpu_linear("torch"):` for MKL's results bit for bit.
     `cpu_routes(False)` overrides it."""
     token = _chosen.set(resolve_route(check_route(route, "cpu_linear(route)")))
-    seam_token = seam_route.set(_seam_value(_routes.get()))
+    seam_token = Seam.linear.set(_seam_value(_routes.get()))
     try:
         yield
     finally:
         _chosen.reset(token)
-        seam_route.reset(seam_token)
+        Seam.linear.reset(seam_token)
 
 
-# The linear route where the layers' seam meets it -----------------------------------------------------
-# `core.layers.project` is the seam: it reads `seam_route` (a context variable: what a switch set in this
-# context) and `environment_route` (the environment's route, resolved at the first call) as values, so a
-# projection on torch's route runs no code of this package, and calls `onednn_project` where "onednn" is
-# in force. The switches (`cpu_routes`, `cpu_linear`) set `seam_route` beside their own variables.
+# Where the layers' seam meets the routes ------------------------------------------------------------------
 
-seam_route: contextvars.ContextVar[str | None] = contextvars.ContextVar("swapformer_seam_route", default=None)
-environment_route: str | None = None  # "torch" or "onednn" where no switch is set; None until resolved
+
+class Seam:
+    """What the seam in the layers (`core.layers.project`, `MLP.forward`) reads of the routes, as values,
+    so that a projection on torch's route and an MLP within one chunk run no code of this package:
+
+    - `linear`: a context variable the switches (`cpu_routes`, `cpu_linear`) set beside their own: "torch"
+      or "onednn", or None where no switch is set (then `environment` holds).
+    - `environment`: the environment's linear route ("torch" while SWAPFORMER_CPU_ROUTES=off), resolved
+      by `resolve_environment_route` at the first call.
+    - `mlp_chunk_bytes`: the activations an MLP without gradients runs at a time (the comment at `cpu_mlp`)."""
+
+    linear: contextvars.ContextVar[str | None] = contextvars.ContextVar(
+        "swapformer_seam_linear", default=None
+    )
+    environment: str | None = None
+    mlp_chunk_bytes: int = 16 * 2**20
 
 
 def _seam_value(routes: bool | None) -> str | None:
-    """What `seam_route` holds once a switch is set: "torch" while `cpu_routes(False)` holds (`routes`),
+    """What `Seam.linear` holds once a switch is set: "torch" while `cpu_routes(False)` holds (`routes`),
     else the route `cpu_linear` chose, else the environment's linear route while `cpu_routes(True)` holds,
-    else None (the environment's choice, `environment_route`)."""
+    else None (the environment's choice, `Seam.environment`)."""
     if routes is False:
         return "torch"
     chosen = _chosen.get()
@@ -160,11 +170,10 @@ def _seam_value(routes: bool | None) -> str | None:
 
 
 def resolve_environment_route() -> str:
-    """`environment_route`, resolved: the route where no switch is set (`cpu_linear_route` there)."""
-    global environment_route
-    if environment_route is None:
-        environment_route = _environment_route() if cpu_routes_default() else "torch"
-    return environment_route
+    """`Seam.environment`, resolved: the route where no switch is set (`cpu_linear_route` there)."""
+    if Seam.environment is None:
+        Seam.environment = _environment_route() if cpu_routes_default() else "torch"
+    return Seam.environment
 
 
 def _onednn_route() -> bool:
@@ -196,24 +205,23 @@ def onednn_project(module: nn.Module, x: torch.Tensor) -> torch.Tensor:
     return module(x)
 
 
-# Without gradients the MLP runs this many bytes of intermediate activations at a time: glibc hands
-# larger blocks out as fresh mappings, so a whole (T, intermediate) activation page-faults and is
+# Without gradients the MLP runs `Seam.mlp_chunk_bytes` of intermediate activations at a time: glibc
+# hands larger blocks out as fresh mappings, so a whole (T, intermediate) activation page-faults and is
 # zero-filled by the kernel on every layer (measured: about as long as the GELU itself, and not spread
 # over threads). The chunks are equal, and plain `nn.Linear` projections on torch's route write into
 # buffers allocated once per call and reused by every chunk: fresh chunk-sized outputs fault too
 # whenever glibc has trimmed its heap (a gated BERT-base MLP at 4096 tokens: 36,737 faults per call
 # against 5,124, 9% slower; benchmarks/mlp_chunks.py). On the oneDNN route, whose op takes no output
-# buffer, each chunk calls the projections through the seam (`core.layers.project`). A model with forward hooks on its
-# projections runs the MLP in one plain pass, so hooks see one call with the whole output. An MLP whose
+# buffer, each chunk calls the projections through the seam (`core.layers.project`). A model with
+# forward hooks on its projections runs the MLP in one plain pass, so hooks see one call with the whole output. An MLP whose
 # activations fit in one chunk is the plain expression (cpu_mlp): nothing to chunk, and so no hook
 # to look for on the path every short input and decoding step takes.
-MLP_CHUNK_BYTES = 16 * 2**20
 
 
 def cpu_mlp(mlp: nn.Module, x: torch.Tensor) -> torch.Tensor:
     """`mlp.compute(x, mlp.act_fn)` (layers.MLP): the seam of MLP row chunking (mlp.py), entered only
     without gradients, outside torch.compile, for plain tensors, with the routes on and activations
-    over one chunk (`MLP_CHUNK_BYTES`)."""
+    over one chunk (`Seam.mlp_chunk_bytes`)."""
     if (
         torch.compiler.is_compiling()  # first: the switch's context variable is not traceable
         or torch.is_grad_enabled()
@@ -222,6 +230,6 @@ def cpu_mlp(mlp: nn.Module, x: torch.Tensor) -> torch.Tensor:
     ):
         return mlp.compute(x, mlp.act_fn)
     activations = x.numel() // x.shape[-1] * mlp.up_proj.out_features * x.element_size()
-    if activations <= MLP_CHUNK_BYTES:
+    if activations <= Seam.mlp_chunk_bytes:
         return mlp.compute(x, mlp.act_fn)
-    return chunked(mlp, x, MLP_CHUNK_BYTES, onednn_in_force)
+    return chunked(mlp, x, Seam.mlp_chunk_bytes, onednn_in_force)

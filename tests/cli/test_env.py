@@ -24,7 +24,7 @@ from conftest import route_env_fixture
 
 SWAPFORMER = [sys.executable, "-m", "swapformer"]
 ROUTE_LINES = ("linear", "MLP chunking", "decoding copies", "sparse native")
-env_linear = route_env_fixture(routes_module, "_default", "environment_route", env="LINEAR_ENV")
+env_linear = route_env_fixture(routes_module, "_default", "Seam.environment", env="LINEAR_ENV")
 VECTOR_CPU = torch.backends.cpu.get_cpu_capability().startswith(("AVX512", "AVX2"))
 
 

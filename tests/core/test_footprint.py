@@ -43,7 +43,7 @@ def files_run_by(call) -> set[str]:
 
 
 def test_a_decoder_forward_on_sdpa_reads_few_files_and_lines():
-    """The measure of issue 27: 6 files, at most 1,650 lines (1,607 when this was written; at 82af14c: 7
+    """The measure of issue 27: 6 files, at most 1,650 lines (1,608 when this was written; at 82af14c: 7
     files, 1,855 lines; at 23e3c62: 12 files, 2,713 lines; the issue's goal is 6 files and about 1,500). On
     torch's linear route, where no file of cpu/ runs (the seam, layers.project, reads the route as
     values); where "auto" picks oneDNN (AMD with AVX-512) a projection also reads that route's own modules

@@ -370,7 +370,7 @@ def test_mlp_without_gradients_in_row_chunks_equals_one_pass(mlp_type, act, bias
     x = torch.randn(2, 37, config.hidden_size)
     with torch.enable_grad():
         whole = mlp(x).detach()  # the path with gradients: one pass, out-of-place activation
-    monkeypatch.setattr(chunking, "MLP_CHUNK_BYTES", 5 * config.intermediate_size * x.element_size())
+    monkeypatch.setattr(chunking.Seam, "mlp_chunk_bytes", 5 * config.intermediate_size * x.element_size())
     seen = []
     with torch.no_grad(), cpu_linear(route):
         chunked = mlp(x)
@@ -402,7 +402,7 @@ def test_mlp_row_chunks_call_projections_that_are_not_plain_linears(monkeypatch)
     x = torch.randn(2, 37, config.hidden_size)
     with torch.enable_grad():
         whole = mlp(x).detach()
-    monkeypatch.setattr(chunking, "MLP_CHUNK_BYTES", 5 * config.intermediate_size * x.element_size())
+    monkeypatch.setattr(chunking.Seam, "mlp_chunk_bytes", 5 * config.intermediate_size * x.element_size())
     with torch.no_grad():
         chunked = mlp(x)
         mlp.up_proj = nn.Linear(config.hidden_size, config.intermediate_size)

@@ -28,7 +28,7 @@ CLASSES = {
     "seq2seq": swapformer.Seq2SeqForConditionalGeneration,
 }
 NATIVE = "native" in SPARSE_CPU_ROUTES
-env_switch = route_env_fixture(routes, "_routes_default", "_default", "environment_route")
+env_switch = route_env_fixture(routes, "_routes_default", "_default", "Seam.environment")
 
 
 def watch_routes(monkeypatch, forbid: bool) -> dict[str, int]:
@@ -81,7 +81,7 @@ def all_routes(on: bool):
 def test_switch_off_runs_the_plain_torch_expressions(arch, monkeypatch):
     config = pattern_config(arch, "sliding_global_attention")
     model = build(CLASSES[arch], config, attn="sparse")
-    monkeypatch.setattr(routes, "MLP_CHUNK_BYTES", 4 * config.intermediate_size * 4)  # 4 rows a chunk
+    monkeypatch.setattr(routes.Seam, "mlp_chunk_bytes", 4 * config.intermediate_size * 4)  # 4 rows a chunk
     model.decoding_copies = "all"
     calls = watch_routes(monkeypatch, forbid=False)
     with all_routes(on=True):
@@ -92,10 +92,10 @@ def test_switch_off_runs_the_plain_torch_expressions(arch, monkeypatch):
 
     with all_routes(on=False):  # the oracle: each route's own switch on torch's path
         model.decoding_copies = "none"
-        monkeypatch.setattr(routes, "MLP_CHUNK_BYTES", 2**62)
+        monkeypatch.setattr(routes.Seam, "mlp_chunk_bytes", 2**62)
         plain = run(model, arch)
     model.decoding_copies = "all"
-    monkeypatch.setattr(routes, "MLP_CHUNK_BYTES", 4 * config.intermediate_size * 4)
+    monkeypatch.setattr(routes.Seam, "mlp_chunk_bytes", 4 * config.intermediate_size * 4)
     watch_routes(monkeypatch, forbid=True)
     with all_routes(on=True), swapformer.cpu_routes(False):  # the one switch wins over the others
         off = run(model, arch)

@@ -36,7 +36,7 @@ def relative_diff(a: torch.Tensor, b: torch.Tensor) -> float:
     return max_diff(a, b) / max(float(b.abs().max()), 1e-30)
 
 
-env_route = route_env_fixture(routes_module, "_default", "environment_route", env="LINEAR_ENV")
+env_route = route_env_fixture(routes_module, "_default", "Seam.environment", env="LINEAR_ENV")
 
 
 @pytest.mark.parametrize(
@@ -293,7 +293,9 @@ def test_mlp_row_chunks_on_the_onednn_route(monkeypatch):
     x = torch.randn(2, 37, config.hidden_size)
     with torch.enable_grad():
         whole = mlp(x).detach()
-    monkeypatch.setattr(routes_module, "MLP_CHUNK_BYTES", 5 * config.intermediate_size * x.element_size())
+    monkeypatch.setattr(
+        routes_module.Seam, "mlp_chunk_bytes", 5 * config.intermediate_size * x.element_size()
+    )
     with torch.no_grad(), cpu_linear("onednn"):
         ops = ops_run(lambda: mlp(x))
         chunked = mlp(x)
