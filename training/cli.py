@@ -92,6 +92,11 @@ def _data(group) -> None:
         "else beside `datasets`' cache)"
     )
     group.add_argument("--cache-dir", help=cache_help)
+    streaming_help = (
+        "read the training documents as a `datasets` stream, tokenized as read: no token shards, no copy of the "
+        "corpus; --data then also takes a folder `datasets` loads or a dataset name (docs/training.md)"
+    )
+    group.add_argument("--streaming", action="store_true", help=streaming_help)
     _option(group, "mlm_probability", "masked LM: share of tokens chosen")
     _option(group, "noise_density", "span corruption: share of tokens hidden")
     _option(group, "mean_span_length", "span corruption: mean span length")
