@@ -70,8 +70,13 @@ def sources(kind: str, tmp_path: pathlib.Path, text_folder: pathlib.Path):
     return str(folder), texts[:14], texts[14:17], []
 
 
+def prepared_args(tmp_path: pathlib.Path, data: str, **overrides):
+    """The checked arguments of a --streaming run of --data `data` into tmp_path/run."""
+    return check_run(tiny_args(tmp_path / "run", pathlib.Path(data), streaming=True, **overrides))
+
+
 def prepared(tmp_path: pathlib.Path, data: str, **overrides):
-    args, _ = check_run(tiny_args(tmp_path / "run", pathlib.Path(data), streaming=True, **overrides))
+    args, _ = prepared_args(tmp_path, data, **overrides)
     return args, prepare_data(args, Accelerator(cpu=True), tmp_path / "run", fresh=True)
 
 
@@ -236,3 +241,19 @@ def test_a_missing_text_column_fails_in_one_line_before_anything_is_written(tmp_
         and len(err.strip().splitlines()) == 1
     ), err
     assert not out.exists()
+
+
+def test_a_dataset_name_that_cannot_be_opened_is_refused_before_anything_is_written(tmp_path, monkeypatch):
+    """A --data that is no local path is taken as a `datasets` name (preflight checks its form only); opening it
+    offline fails in prepare_data with the input named and datasets' reason, and no folder is made."""
+    import datasets.config
+    import huggingface_hub.constants
+
+    monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", True)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+    args, _ = prepared_args(tmp_path, "someorg/no-such-corpus")
+    with pytest.raises(
+        TrainArgumentError, match="'someorg/no-such-corpus' is no local file or folder, and cannot be"
+    ):
+        prepare_data(args, Accelerator(cpu=True), tmp_path / "run", fresh=True)
+    assert not (tmp_path / "run").exists()
