@@ -175,6 +175,18 @@ def test_resume_refuses_a_stream_whose_files_changed(tmp_path, text_folder):
     ):
         train(tiny_args(out, rows / "part*.jsonl", resume="latest", **given))
     assert "the tokenizer in the run's folder changed" in data_change("stream-aaa-bbb", "stream-aaa-ccc")
+    with pytest.raises(TrainArgumentError, match="these arguments differ.*: streaming"):  # not a flag to drop
+        train(tiny_args(out, rows / "part*.jsonl", resume="latest", save_every=2))
+
+
+def test_a_stream_position_saved_by_another_number_of_processes_is_refused(tmp_path, text_folder):
+    jsonl_files(tmp_path / "rows", paragraphs(text_folder))
+    _, run = prepared(tmp_path, str(tmp_path / "rows" / "part*.jsonl"))
+    saved = {"ranks": [run.stream.stream.position()] * 2, "targets": run.stream.targets.tolist()}
+    with pytest.raises(
+        TrainArgumentError, match="read its --streaming data in 2 processes.*with 2 processes \\(got 1\\)"
+    ):
+        run.stream.restore(saved, "checkpoints/step_0000002")
 
 
 def refused(tmp_path: pathlib.Path, text_folder: pathlib.Path, case: str):
