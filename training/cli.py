@@ -14,6 +14,7 @@ EPILOG = """examples:
   swapformer train --arch encoder-decoder --preset small --data my_texts/
   swapformer train --set num_key_value_heads=2 --set position_embedding_type=alibi
   swapformer train --resume                          # continue the run in --output-dir exactly
+  swapformer train --streaming --data 'corpus/*.jsonl'   # read as a stream, tokenized as read: no shards
   accelerate launch --multi_gpu --num_processes 2 -m swapformer train   # data parallel (DDP, also on CPU); see docs/training.md
 """
 

@@ -24,7 +24,6 @@ from .corpus import is_saved_dataset, stdlib_files
 from .data_files import ROW_KINDS, is_pattern, matches
 
 MAX_TEXT_FILE_BYTES = 256 << 20  # a text file is one document, read whole: larger ones are refused
-SPLITS = ("train", "validation", "test")
 
 
 @dataclass(frozen=True)
