@@ -4,6 +4,7 @@
     python -m torch.distributed.run --nproc_per_node=N tests/parallel_worker.py tp ARCH FOLDER OUT.json
     python -m torch.distributed.run --nproc_per_node=N tests/parallel_worker.py tp_each ROOT OUT.json
     python -m torch.distributed.run --nproc_per_node=N tests/parallel_worker.py train_seen DATA RUN STEPS CHARS OUT.json
+    python -m torch.distributed.run --nproc_per_node=N tests/parallel_worker.py train_seen_streaming DATA RUN STEPS CHARS ACCUM OUT.json
 
 fsdp: `fully_shard` on every block named by `_no_split_modules`, then on the root; a few SGD steps on a
 fixed global batch split over the processes; rank 0 writes the global loss of each step.
@@ -13,6 +14,7 @@ tp_each: tp for every model folder ARCH-... under ROOT in one launch (starting p
 rank 0 writes {folder name: tp's result plus the names of the sharded parameters, aliases included}.
 train_seen: `swapformer train`'s `train()` on the tiny run (tests/training_runs.py) with --data DATA into RUN for
 STEPS steps on CHARS characters of training text; rank 0 writes, for each rank, the token rows each training forward of that rank read.
+train_seen_streaming: the same with --streaming and ACCUM micro-batches a step (tests/training/test_streaming_parallel.py).
 
 The tests start it with `torchrun` below (tests/training/test_parallel.py, tests/variants/test_mla.py).
 """
@@ -155,7 +157,7 @@ def tensor_parallel(arch: str, folder: str, out: str) -> None:
     write(out, sharded_and_unsharded(arch, folder))
 
 
-def train_seen(data: str, run: str, steps: str, chars: str, out: str) -> None:
+def train_seen(data: str, run: str, steps: str, chars: str, out: str, streaming=False, grad_accum=1) -> None:
     """The rows each rank trains on, step by step: recorded by a forward pre-hook on the model train() builds."""
     from swapformer.training import loop
 
@@ -174,8 +176,17 @@ def train_seen(data: str, run: str, steps: str, chars: str, out: str) -> None:
         return model
 
     loop.build_model = recorded
-    args = tiny_args(Path(run), Path(data), max_steps=int(steps), max_train_chars=int(chars), save_every=1000)
+    args = tiny_args(
+        Path(run),
+        Path(data),
+        max_steps=int(steps),
+        max_train_chars=int(chars),
+        save_every=1000,
+        grad_accum=grad_accum,
+    )
     args.cache_dir, args.overwrite = run + "-cache", True  # a launch tried again finds the first one's folder
+    if streaming:
+        args.streaming, args.cache_dir = True, None
     rank, world = dist.get_rank(), dist.get_world_size()
     loop.train(args)  # it ends the process group: the ranks meet through files
     Path(f"{out}.{rank}.tmp").write_text(json.dumps(seen))
@@ -201,6 +212,9 @@ if __name__ == "__main__":
         "tp": tensor_parallel,
         "tp_each": tensor_parallel_each,
         "train_seen": train_seen,
+        "train_seen_streaming": lambda data, run, steps, chars, accum, out: train_seen(
+            data, run, steps, chars, out, streaming=True, grad_accum=int(accum)
+        ),
     }
     modes[sys.argv[1]](*sys.argv[2:])
     if dist.is_initialized():  # train_seen's run has ended it

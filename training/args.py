@@ -106,6 +106,9 @@ class TrainArgs:
     val_fraction: float = 0.05
     num_proc: int | None = None  # tokenizing processes (None: one per 50 M characters, at most the CPUs)
     cache_dir: str | None = None  # documents and token shards (None: shards.cache_dir's default)
+    streaming: bool = (
+        False  # training documents read as a `datasets` stream, tokenized as read (streaming.py)
+    )
     mlm_probability: float = 0.15
     noise_density: float = 0.15
     mean_span_length: float = 3.0

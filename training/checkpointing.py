@@ -53,12 +53,22 @@ def restore(accelerator, checkpoint: pathlib.Path, fresh_state: dict) -> dict:
     saved = json.loads((checkpoint / STATE_FILE).read_text())
     if (saved["data"], saved["global_batch"]) != (fresh_state["data"], fresh_state["global_batch"]):
         raise TrainArgumentError(
-            f"--resume: the training data or the global batch changed since {checkpoint} (data "
-            f"{saved['data']} -> {fresh_state['data']}, global batch {saved['global_batch']} -> "
+            f"--resume: the training data or the global batch changed since {checkpoint} "
+            f"({data_change(saved['data'], fresh_state['data'])}, global batch {saved['global_batch']} -> "
             f"{fresh_state['global_batch']})"
         )
     accelerator.load_state(str(checkpoint))
     return saved
+
+
+def data_change(saved: str, now: str) -> str:
+    """Two data fingerprints compared in words; a streamed run's (streaming.StreamCorpus.fingerprint) names
+    its inputs and its tokenizer apart, so the message says which changed."""
+    if saved == now or not (saved.startswith("stream-") and now.startswith("stream-")):
+        return f"data {saved} -> {now}"
+    parts = ("the --data files (a path, size or modification time)", "the tokenizer in the run's folder")
+    changed = [what for what, a, b in zip(parts, saved.split("-")[1:], now.split("-")[1:]) if a != b]
+    return f"{' and '.join(changed)} changed: data {saved} -> {now}"
 
 
 def save_tied_weights_once(accelerator) -> None:

@@ -14,6 +14,7 @@ EPILOG = """examples:
   swapformer train --arch encoder-decoder --preset small --data my_texts/
   swapformer train --set num_key_value_heads=2 --set position_embedding_type=alibi
   swapformer train --resume                          # continue the run in --output-dir exactly
+  swapformer train --streaming --data 'corpus/*.jsonl'   # read as a stream, tokenized as read: no shards
   accelerate launch --multi_gpu --num_processes 2 -m swapformer train   # data parallel (DDP, also on CPU); see docs/training.md
 """
 
@@ -92,6 +93,11 @@ def _data(group) -> None:
         "else beside `datasets`' cache)"
     )
     group.add_argument("--cache-dir", help=cache_help)
+    streaming_help = (
+        "read the training documents as a `datasets` stream, tokenized as read: no token shards, no copy of the "
+        "corpus; --data then also takes a folder `datasets` loads or a dataset name (docs/training.md)"
+    )
+    group.add_argument("--streaming", action="store_true", help=streaming_help)
     _option(group, "mlm_probability", "masked LM: share of tokens chosen")
     _option(group, "noise_density", "span corruption: share of tokens hidden")
     _option(group, "mean_span_length", "span corruption: mean span length")

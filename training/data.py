@@ -9,6 +9,8 @@ Determinism, which `--resume` and the multi-process run rely on:
 - the block read at global position p (step * global batch + row) is a pure function of
   (seed, p): a fresh permutation per epoch, and the objective's random draws come from a generator
   seeded by (seed, step). Resuming at step s therefore needs only s (`step_batch`).
+With `--streaming` (streaming.py) the blocks are instead the stream packed in order, each process reading
+its own part, and the position to resume from is state the checkpoint holds (`RunData.stream`).
 
 `prepare_data` makes all of it before a fresh run's folder exists: a bad file, an empty split or an
 unusable tokenizer fails the run before anything is written.
@@ -23,7 +25,6 @@ import sys
 import tempfile
 from dataclasses import dataclass
 
-import numpy as np
 import torch
 from tqdm.auto import tqdm
 
@@ -32,58 +33,16 @@ from .checkpointing import start_run_folder
 
 # the in-memory path (tests and benchmarks compare the shards with it, and read documents through data)
 from .corpus import Document, corpus_name, documents_of_test_split, load_documents, split_documents  # noqa: F401
-from .doc_table import Corpus, document_table, split_chars, split_rows, split_texts
+from .doc_table import Corpus, document_table, split_chars, split_rows
 from .notices import stage
 from .objectives import make_objective
+from .packing import DocumentPacking, document_positions, pack  # noqa: F401 (tests read them here)
 from .shards import TokenBlocks, cache_dir, fingerprint, token_shard
-from .tokenizer import load_tokenizer, train_tokenizer
+from .stream_source import stream_source
+from .streaming import StreamCorpus, StreamOrder, TokenStream, read_stream
+from .tokenizer import given_tokenizer, load_tokenizer, train_tokenizer
 
 AUTO_PROC_CHARS = 50_000_000  # one more tokenizing process per this many characters of a split
-
-
-def pack(tokenizer, docs: list[Document], seq_len: int) -> torch.Tensor:
-    """Token ids of the documents, each followed by `</s>`, cut into (N, seq_len) blocks."""
-    if not docs:  # the tokenizer fails on an empty batch
-        return torch.empty(0, seq_len, dtype=torch.long)
-    encoded = tokenizer([d.text for d in docs], add_special_tokens=False)["input_ids"]
-    eos = tokenizer.eos_token_id
-    stream = np.fromiter((t for ids in encoded for t in (*ids, eos)), dtype=np.int64)
-    n = len(stream) // seq_len
-    return torch.from_numpy(stream[: n * seq_len].copy()).view(n, seq_len)
-
-
-def document_positions(blocks: torch.Tensor, eos_id: int) -> torch.Tensor:
-    """(N, T) position of each token within its document: 0 at the start of a block and after every
-    `</s>` (a document ends with its `</s>`; one cut by a block boundary continues as a new sequence)."""
-    starts = torch.zeros_like(blocks, dtype=torch.bool)
-    starts[:, 0] = True
-    starts[:, 1:] = blocks[:, :-1] == eos_id
-    index = torch.arange(blocks.shape[1]).expand_as(blocks)
-    return index - torch.where(starts, index, torch.zeros_like(index)).cummax(dim=1).values
-
-
-class DocumentPacking:
-    """`--packing`: an objective whose batches keep documents apart. The blocks are the same, and so is
-    everything drawn from the generator; the batch gains `position_ids` restarting at every document
-    (what the models read as packed sequences), and a causal LM takes no loss on a document's first
-    token (which would be predicted from the previous document, as DataCollatorWithFlattening's
-    labels also leave out). A pure function of the blocks: batches stay a function of (seed, step)."""
-
-    def __init__(self, objective, eos_id: int):
-        self.objective = objective
-        self.eos_id = eos_id
-        self.shift = objective.shift
-
-    def __call__(self, blocks: torch.Tensor, generator: torch.Generator) -> dict[str, torch.Tensor]:
-        batch = self.objective(blocks, generator)
-        positions = document_positions(blocks, self.eos_id)
-        batch["position_ids"] = positions
-        if self.shift:
-            batch["labels"] = batch["labels"].masked_fill(positions == 0, -100)
-        return batch
-
-    def num_targets(self, batch: dict[str, torch.Tensor]) -> int:
-        return self.objective.num_targets(batch)
 
 
 class BlockOrder:
@@ -125,7 +84,7 @@ class RunData:
     tokenizer: object
     corpus_name: str
     documents: dict[str, int]  # documents per split ("train", "validation", "test")
-    train_blocks: TokenBlocks  # (N, seq_len) token ids, read from the shard on disk
+    train_blocks: TokenBlocks | None  # (N, seq_len) token ids, read from the shard on disk (None: streamed)
     val_blocks: TokenBlocks
     objective: object
     order: BlockOrder
@@ -133,11 +92,16 @@ class RunData:
     test_blocks: TokenBlocks  # a DatasetDict's test split, scored once after training (may be empty)
     test_batches: list[dict]
     fingerprint: str  # of the training blocks: a resumed run refuses data that changed since the checkpoint
+    stream: StreamOrder | None = None  # --streaming: the blocks of each step, read on (then also `order`)
 
 
 def step_batch(data: RunData, step: int, global_batch: int, seed: int) -> dict[str, torch.Tensor]:
     """The whole global batch of optimizer step `step` (1-based): every process builds the same one
-    and takes its rows (step.forward_backward)."""
+    and takes its rows (step.forward_backward). A streamed run's steps must be drawn in order, once each."""
+    if data.stream is not None:
+        batch = data.objective(data.stream.blocks(), step_generator(seed, step))
+        data.stream.count(batch, data.objective.shift)
+        return batch
     indices = data.order.indices((step - 1) * global_batch, global_batch)
     return data.objective(data.train_blocks[indices], step_generator(seed, step))
 
@@ -150,7 +114,9 @@ def prepare_data(args: TrainArgs, accelerator, out: pathlib.Path, fresh: bool) -
     that fails, every process raises its error. Only then does it create the output folder of a fresh run
     (tokenizer and training_args.json), from which the other processes read the tokenizer, and find the
     documents and the shards the main process cached."""
-    given = _given_tokenizer(args) if fresh else None  # a bad --tokenizer fails before the documents are read
+    given = (
+        given_tokenizer(args.tokenizer, args.arch) if fresh else None
+    )  # a bad --tokenizer fails before the documents are read
     data, error = None, None
     if accelerator.is_main_process:
         try:
@@ -160,10 +126,11 @@ def prepare_data(args: TrainArgs, accelerator, out: pathlib.Path, fresh: bool) -
                 with stage(
                     accelerator, "tokenizing", f"the splits into blocks of {args.seq_len} tokens"
                 ) as told:
-                    data = _tokenized(args, tokenizer, corpus, show=not args.no_progress)
-                    told.result = (
-                        f"{len(data.train_blocks):,} training, {len(data.val_blocks):,} validation blocks"
+                    data = _tokenized(args, tokenizer, corpus, accelerator, show=not args.no_progress)
+                    training = (
+                        "training read as it goes" if data.stream else f"{len(data.train_blocks):,} training"
                     )
+                    told.result = f"{training}, {len(data.val_blocks):,} validation blocks"
                 if fresh:
                     start_run_folder(out, args, tokenizer)
         except Exception as e:
@@ -172,14 +139,22 @@ def prepare_data(args: TrainArgs, accelerator, out: pathlib.Path, fresh: bool) -
     accelerator.wait_for_everyone()
     if data is None:
         corpus = _read_documents(args, accelerator)
-        data = _tokenized(args, load_tokenizer(str(out), args.arch), corpus, show=False)
+        data = _tokenized(args, load_tokenizer(str(out), args.arch), corpus, accelerator, show=False)
     return data
 
 
-def _read_documents(args: TrainArgs, accelerator) -> Corpus:
-    """The documents on disk and the rows of each split, said with their sizes."""
+def _read_documents(args: TrainArgs, accelerator) -> Corpus | StreamCorpus:
+    """The documents on disk and the rows of each split, said with their sizes (--streaming: the
+    evaluation documents only)."""
     version = f"{sys.version_info.major}.{sys.version_info.minor}"
     source = ", ".join(args.data) or f"the Python {version} standard library"
+    if args.streaming:
+        with stage(accelerator, "reading the evaluation documents", source) as told:
+            corpus = read_stream(args, corpus_name(args.data), stream_source(args.data, args.text_column))
+            sizes = [f"{len(docs):,} {name} ({sum(len(d.text) for d in docs):,} characters)"
+                     for name, docs in (("validation", corpus.validation), ("test", corpus.test)) if docs]  # fmt: skip
+            told.result = f"{', '.join(sizes)}; training read as a stream"
+        return corpus
     with stage(accelerator, "reading documents", source) as told:
         table, key = document_table(args.data, args.text_column, cache_dir(args.cache_dir))
         rows = split_rows(table, args.val_fraction, args.max_train_chars, args.max_val_chars)
@@ -188,22 +163,6 @@ def _read_documents(args: TrainArgs, accelerator) -> Corpus:
                  if len(rows[s][0])]  # fmt: skip
         told.result = f"{len(table):,} documents: {', '.join(sizes)}"
     return Corpus(corpus_name(args.data), table, key, rows)
-
-
-def _given_tokenizer(args: TrainArgs):
-    """The tokenizer --tokenizer names (loaded in every process: cheap, and each raises the same error),
-    or None when the run trains its own."""
-    if args.tokenizer is None:
-        return None
-    try:
-        return load_tokenizer(args.tokenizer, args.arch)
-    except TrainArgumentError:
-        raise
-    except (OSError, ValueError) as e:  # what transformers raises for a folder it cannot read
-        raise TrainArgumentError(
-            f"--tokenizer {args.tokenizer!r} is not a saved tokenizer folder ({e}); give a folder written "
-            "by save_pretrained, or omit --tokenizer to train one"
-        ) from e
 
 
 def _run_tokenizer(
@@ -216,10 +175,10 @@ def _run_tokenizer(
     if given is not None:
         tokenizer = given
     else:
-        chars = split_chars(corpus.table, *corpus.rows["train"])
-        detail = f"byte-level BPE of {args.vocab_size} tokens on {chars:,} characters of the training split"
+        texts, amount = corpus.tokenizer_texts(args.max_train_chars)
+        detail = f"byte-level BPE of {args.vocab_size} tokens on {amount}"
         with stage(accelerator, "training a tokenizer", detail):
-            tokenizer = train_tokenizer(split_texts(corpus.table, *corpus.rows["train"]), args.vocab_size)
+            tokenizer = train_tokenizer(texts, args.vocab_size)
     tokenizer.save_pretrained(scratch)
     return load_tokenizer(scratch, args.arch)
 
@@ -259,21 +218,30 @@ def _shards(args: TrainArgs, tokenizer, corpus: Corpus, show: bool) -> dict:
             bar=bar,
         )
         if (split != "test" or len(rows)) and len(shards[split].blocks(args.seq_len)) == 0:
-            name = {"train": "training"}.get(split, split)
-            raise TrainArgumentError(
-                f"the {name} split ({len(rows)} documents, {chars} characters) is shorter than one "
-                f"--seq-len {args.seq_len} block; give more --data, raise --max-train-chars/--max-val-chars "
-                "or lower --seq-len"
-            )
+            _too_short(split, len(rows), chars, args)
     return shards
 
 
-def _tokenized(args: TrainArgs, tokenizer, corpus: Corpus, show: bool) -> RunData:
-    """Token blocks (memory-mapped views of the shards), the objective and the fixed evaluation batches."""
-    shards = _shards(args, tokenizer, corpus, show)
+def _too_short(split: str, documents: int, chars: int, args: TrainArgs):
+    name = {"train": "training"}.get(split, split)
+    raise TrainArgumentError(
+        f"the {name} split ({documents} documents, {chars} characters) is shorter than one "
+        f"--seq-len {args.seq_len} block; give more --data, raise --max-train-chars/--max-val-chars "
+        "or lower --seq-len"
+    )
+
+
+def _objective(args: TrainArgs, tokenizer):
     objective = make_objective(tokenizer, args)
-    if args.packing:
-        objective = DocumentPacking(objective, tokenizer.eos_token_id)
+    return DocumentPacking(objective, tokenizer.eos_token_id) if args.packing else objective
+
+
+def _tokenized(args: TrainArgs, tokenizer, corpus: Corpus | StreamCorpus, accelerator, show: bool) -> RunData:
+    """Token blocks (memory-mapped views of the shards), the objective and the fixed evaluation batches."""
+    if isinstance(corpus, StreamCorpus):
+        return _streamed(args, tokenizer, corpus, accelerator)
+    shards = _shards(args, tokenizer, corpus, show)
+    objective = _objective(args, tokenizer)
     train_blocks, val_blocks, test_blocks = (
         shards[s].blocks(args.seq_len) for s in ("train", "validation", "test")
     )
@@ -289,6 +257,32 @@ def _tokenized(args: TrainArgs, tokenizer, corpus: Corpus, show: bool) -> RunDat
         test_blocks,
         _eval_batches(args, objective, test_blocks, -3),
         fingerprint(shards["train"], args.seq_len),
+    )
+
+
+def _streamed(args: TrainArgs, tokenizer, corpus: StreamCorpus, accelerator) -> RunData:
+    """--streaming: evaluation blocks packed in memory, and this process's stream of training blocks
+    (checked here to hold one block at least, before anything is written)."""
+    objective = _objective(args, tokenizer)
+    val, test = (pack(tokenizer, docs, args.seq_len) for docs in (corpus.validation, corpus.test))
+    if not len(val):
+        _too_short("validation", len(corpus.validation), sum(len(d.text) for d in corpus.validation), args)
+    TokenStream(corpus, tokenizer, args).block()
+    stream = TokenStream(corpus, tokenizer, args, accelerator.process_index, accelerator.num_processes)
+    order = StreamOrder(stream, accelerator, args, len(tokenizer))
+    return RunData(
+        tokenizer,
+        corpus.name,
+        {"train": None, "validation": len(corpus.validation), "test": len(corpus.test)},
+        None,
+        val,
+        objective,
+        order,
+        _eval_batches(args, objective, val, -1),
+        test,
+        _eval_batches(args, objective, test, -3),
+        corpus.fingerprint(tokenizer),
+        stream=order,
     )
 
 

@@ -173,3 +173,10 @@ class Corpus:
     table: object  # a memory-mapped datasets.Dataset
     key: str
     rows: dict  # {split: (row numbers, character limits or None)}
+
+    def tokenizer_texts(self, max_train_chars: int) -> tuple[object, str]:  # noqa: ARG002 (the budget is in the rows)
+        """(the training split's texts, how much that is in words): what the tokenizer is trained on."""
+        rows = self.rows["train"]
+        return split_texts(
+            self.table, *rows
+        ), f"{split_chars(self.table, *rows):,} characters of the training split"

@@ -105,6 +105,8 @@ def start(args: TrainArgs, options: dict, accelerator, data: RunData, out, resum
     state = new_state(data.fingerprint, global_batch)
     if resume_from is not None:
         state = restore(accelerator, resume_from, state)
+        if data.stream is not None:  # --streaming: where each process's stream goes on
+            data.stream.restore(state.get("stream", {}), resume_from)
     log = MetricsLog(accelerator, out / "metrics.jsonl", state, args)
     return Run(args, accelerator, data, out, model, optimizer, scheduler, state, log, num_parameters)
 
@@ -135,6 +137,8 @@ def run_steps(run: Run, last_checkpoint: pathlib.Path | None, step_hook) -> int 
             bar.set_postfix(loss=f"{record['loss']:.4f}", tok_s=f"{record['tokens_per_s']:,.0f}")
             bar.update(1)
             if step % args.save_every == 0 or step == args.max_steps:
+                if run.data.stream is not None:  # a collective call: every process's stream position
+                    state["stream"] = run.data.stream.position()
                 last_checkpoint = save_checkpoint(run.accelerator, run.out, state, args.keep_checkpoints)
             if args.stop_after is not None and args.stop_after <= step < args.max_steps:
                 return step

@@ -22,6 +22,7 @@ from .checkpointing import RUN_FILE, STATE_FILE, latest_checkpoint
 from .data_files import is_pattern, matches
 from .launch import check_backward, check_launch, check_precision
 from .model import check_model, check_set_fields, model_options
+from .stream_source import stream_source
 
 # arguments that must be integers >= 1
 POSITIVE = (
@@ -59,7 +60,9 @@ def validate(args: TrainArgs) -> None:
     the flag."""
     check_choices(args)
     check_numbers(args)
-    for path in args.data:
+    if args.streaming:
+        check_streaming(args)
+    for path in [] if args.streaming else args.data:
         if is_pattern(path):
             matches(path)  # refuses a pattern that matches nothing
         elif not os.path.exists(path):
@@ -134,6 +137,23 @@ def check_numbers(args: TrainArgs) -> None:
         raise TrainArgumentError(
             f"--vocab-size must be >= 512 (256 bytes + special tokens), got {args.vocab_size}"
         )
+
+
+def check_streaming(args: TrainArgs) -> None:
+    """--streaming reads an input `datasets` can stream (stream_source), and no flag asks what it cannot do:
+    hold every validation document (--max-val-chars 0), or tokenize ahead (--num-proc) into a cache (--cache-dir)."""
+    if not args.max_val_chars:
+        raise TrainArgumentError(
+            "--streaming reads the validation documents from the stream and holds them, so it needs a budget: "
+            "--max-val-chars 0 (all) would read the whole stream first; give --max-val-chars, e.g. 600000"
+        )
+    for name in ("num_proc", "cache_dir"):
+        if getattr(args, name) is not None:
+            raise TrainArgumentError(
+                f"{flag(name)} {getattr(args, name)!r} sets how token shards are written, and --streaming writes "
+                f"none (it tokenizes each document as it reads it): drop {flag(name)} or --streaming"
+            )
+    stream_source(args.data, args.text_column)
 
 
 def check_packing(args: TrainArgs) -> None:

@@ -174,9 +174,14 @@ def log_records(state: dict) -> list[dict]:
 
 def write_folder(out, args, model, weights, data: RunData, state, final_eval, run) -> dict:
     """The Hub-ready folder: weights and remote code, tokenizer, metrics, loss curve, model card."""
-    counts = target_counts(
-        data.train_blocks, data.objective, len(data.tokenizer), step_generator(args.seed, -2)
-    )
+    if (
+        data.stream is not None
+    ):  # --streaming: the targets the run trained on (the stream has no end to count to)
+        counts = data.stream.targets
+    else:
+        counts = target_counts(
+            data.train_blocks, data.objective, len(data.tokenizer), step_generator(args.seed, -2)
+        )
     baseline = perplexity(unigram_log_probs(counts, data.val_batches, data.objective.shift))
     metrics = {
         "val_perplexity": final_eval["val_perplexity"],
@@ -192,7 +197,7 @@ def write_folder(out, args, model, weights, data: RunData, state, final_eval, ru
         "num_processes": run["num_processes"],
         "distributed_type": run["distributed_type"],
         "num_parameters": run["num_parameters"],
-        "train_blocks": len(data.train_blocks),
+        "train_blocks": len(data.train_blocks) if data.stream is None else data.stream.stream.pass_blocks,
         "val_blocks": len(data.val_blocks),
         "train_seconds": state["train_seconds"],
         "total_seconds": time.time() - run["start_time"],
@@ -259,6 +264,13 @@ def describe_corpus(args: TrainArgs, data: RunData) -> str:
         if data.documents["test"]
         else ""
     )
+    if data.stream is not None:
+        return (
+            f"`{data.corpus_name}`: {source}, read as a stream (`--streaming`) in its order. Documents go to "
+            f"validation by a hash of their text (fraction {args.val_fraction}; a dataset's own validation split "
+            f"instead, where it has one). Validation: {data.documents['validation']} documents, "
+            f"{data.val_blocks.numel():,} tokens{test} (blocks of {args.seq_len} tokens, documents joined by `</s>`)."
+        )
     return (
         f"`{data.corpus_name}`: {source}. Documents go to validation by a hash of their name "
         f"(fraction {args.val_fraction}; a dataset's own validation split instead, where it has one), so the "

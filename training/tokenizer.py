@@ -68,3 +68,19 @@ def sentinel_ids(tokenizer) -> list[int]:
     while sentinel(len(ids)) in vocab:
         ids.append(vocab[sentinel(len(ids))])
     return ids
+
+
+def given_tokenizer(name: str | None, arch: str):
+    """The tokenizer --tokenizer names (loaded in every process: cheap, and each raises the same error),
+    or None when the run trains its own."""
+    if name is None:
+        return None
+    try:
+        return load_tokenizer(name, arch)
+    except TrainArgumentError:
+        raise
+    except (OSError, ValueError) as e:  # what transformers raises for a folder it cannot read
+        raise TrainArgumentError(
+            f"--tokenizer {name!r} is not a saved tokenizer folder ({e}); give a folder written "
+            "by save_pretrained, or omit --tokenizer to train one"
+        ) from e
