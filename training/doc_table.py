@@ -154,9 +154,11 @@ def _budget(rows: np.ndarray, chars: np.ndarray, max_chars: int) -> tuple[np.nda
 
 
 def split_texts(table, rows: np.ndarray, limits: np.ndarray | None):
-    """The texts of a split in order, each within its limit (read in batches, for training a tokenizer)."""
+    """The texts of a split in order, each within its limit (read in batches, for training a tokenizer; with
+    file reads, as the token shards read them, so no page of the table stays resident)."""
+    files, spans = text_spans(table)
     for start in range(0, len(rows), 1000):
-        texts = table.select(rows[start : start + 1000].tolist())["text"]
+        texts = read_texts(files, spans[rows[start : start + 1000]])
         for i, text in enumerate(texts):
             yield text if limits is None else text[: limits[start + i]]
 
