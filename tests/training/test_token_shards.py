@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 from accelerate import Accelerator
-from datasets import Dataset, DatasetDict
+from datasets import Dataset, DatasetDict, Features, Value
 from transformers.tokenization_utils_base import PreTrainedTokenizerBase
 
 from swapformer.training import corpus, doc_table
@@ -178,3 +178,6 @@ def test_texts_read_by_byte_span_are_the_tables_texts_and_leave_no_mapping(tmp_p
         t[:5] for t in table.select(rows[:3].tolist())["text"]
     ]
     assert mappings() == before
+    wide = Dataset.from_dict({"text": ["ab", "", "ζ✓"]}, features=Features({"text": Value("large_string")}))
+    wide = wide.flatten_indices(cache_file_name=str(tmp_path / "wide.arrow"))  # 64-bit offsets, on disk
+    assert doc_table.read_texts(*doc_table.text_spans(wide)) == ["ab", "", "ζ✓"]
