@@ -39,21 +39,40 @@ def vocabulary(seed: int = 0) -> np.ndarray:
     return np.array([letters[rng.integers(0, 26, n)].tobytes() for n in lengths], dtype=object)
 
 
+def _spelling(words: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(each word's letters in a row padded to 13 bytes, each word's length): a chunk is cut from these
+    rows with array operations, not word by word."""
+    lengths = np.array([len(w) for w in words])
+    rows = np.zeros((len(words), int(lengths.max()) + 1), dtype=np.uint8)
+    for i, w in enumerate(words):
+        rows[i, : len(w)] = np.frombuffer(w, dtype=np.uint8)
+    return rows, lengths
+
+
+def _chunk(rng: np.random.Generator, rows: np.ndarray, lengths: np.ndarray) -> bytes:
+    """200,000 words: Zipf-drawn ids, each word followed by a space or, at the drawn line ends, a newline."""
+    ids = np.minimum(rng.zipf(ZIPF, 200_000), WORDS) - 1
+    ends = np.cumsum(rng.integers(8, 17, 20_000))
+    picked, n = rows[ids], lengths[ids]
+    picked[np.arange(len(ids)), n] = ord(" ")
+    newline = ends[ends < len(ids)]
+    picked[newline, n[newline]] = ord("\n")
+    return picked[np.arange(picked.shape[1]) <= n[:, None]].tobytes()
+
+
 def generate(folder: pathlib.Path, gigabytes: float, seed: int = 0) -> None:
     """`gigabytes` of text in `folder` (kept: a later run with the same size reuses it)."""
     if (folder / "done").is_file():
         return
     shutil.rmtree(folder, ignore_errors=True)
     folder.mkdir(parents=True)
-    words, rng = vocabulary(), np.random.default_rng(seed)
+    (rows, lengths), rng = _spelling(vocabulary()), np.random.default_rng(seed)
     total, target, index = 0, int(gigabytes * 1e9), 0
     while total < target:
         with open(folder / f"part{index:04d}.txt", "wb") as f:
             written = 0
             while written < min(FILE_BYTES, target - total):
-                ids = np.minimum(rng.zipf(ZIPF, 200_000), WORDS) - 1
-                line_ends = set(np.cumsum(rng.integers(8, 17, 20_000)).tolist())
-                chunk = b"".join(w + (b"\n" if i in line_ends else b" ") for i, w in enumerate(words[ids]))
+                chunk = _chunk(rng, rows, lengths)
                 f.write(chunk)
                 written += len(chunk)
         total, index = total + written, index + 1

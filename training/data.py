@@ -57,7 +57,12 @@ class BlockOrder:
     def _perm(self, epoch: int) -> torch.Tensor:
         if epoch not in self._perms:
             g = torch.Generator().manual_seed(self.seed * 1_000_003 + epoch)
-            self._perms[epoch] = torch.randperm(self.num_blocks, generator=g)
+            # int32 where it fits: the same permutation (torch draws it alike for both types) in half the
+            # memory, which grows with the corpus (8.5 M blocks of a 5 GB corpus: 34 MB rather than 68)
+            small = self.num_blocks < 2**31
+            self._perms[epoch] = torch.randperm(
+                self.num_blocks, generator=g, dtype=torch.int32 if small else torch.int64
+            )
             if len(self._perms) > 2:  # a batch spans at most two epochs
                 self._perms.pop(min(self._perms))
         return self._perms[epoch]
@@ -65,7 +70,7 @@ class BlockOrder:
     def indices(self, start: int, count: int) -> torch.Tensor:
         """Block indices at global positions start, ..., start + count - 1."""
         out = [self._perm(p // self.num_blocks)[p % self.num_blocks] for p in range(start, start + count)]
-        return torch.stack(out)
+        return torch.stack(out).long()
 
     def epoch(self, position: int) -> float:
         return position / self.num_blocks

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import mmap
 import os
 import pathlib
 from dataclasses import dataclass
@@ -153,9 +154,11 @@ def _budget(rows: np.ndarray, chars: np.ndarray, max_chars: int) -> tuple[np.nda
 
 
 def split_texts(table, rows: np.ndarray, limits: np.ndarray | None):
-    """The texts of a split in order, each within its limit (read in batches, for training a tokenizer)."""
+    """The texts of a split in order, each within its limit (read in batches, for training a tokenizer; with
+    file reads, as the token shards read them, so no page of the table stays resident)."""
+    files, spans = text_spans(table)
     for start in range(0, len(rows), 1000):
-        texts = table.select(rows[start : start + 1000].tolist())["text"]
+        texts = read_texts(files, spans[rows[start : start + 1000]])
         for i, text in enumerate(texts):
             yield text if limits is None else text[: limits[start + i]]
 
@@ -163,6 +166,56 @@ def split_texts(table, rows: np.ndarray, limits: np.ndarray | None):
 def split_chars(table, rows: np.ndarray, limits: np.ndarray | None) -> int:
     chars = _column(table, "chars")[rows]
     return int(chars.sum() if limits is None else np.minimum(chars, limits).sum())
+
+
+def text_spans(table) -> tuple[list[str], np.ndarray]:
+    """(the table's Arrow files, a (rows, 3) array of each row's file number and the byte range of its text in
+    that file). Texts are then read with `read_texts` (plain file reads), not through a memory map: read
+    through a map, each document left about 1.1 MB of the file resident (measured on Linux 6.18, ext4), so
+    a chunk of documents spread over a 1 GB table kept about 600 MB in each process that read it."""
+    import pyarrow as pa
+
+    files = [f["filename"] for f in table.cache_files]
+    spans = []
+    for number, path in enumerate(files):
+        with open(path, "rb") as handle, mmap.mmap(handle.fileno(), 0, prot=mmap.PROT_READ) as mapped:
+            view = pa.py_buffer(mapped)  # only buffer addresses are read: no page of text is touched
+            for batch in pa.ipc.open_stream(pa.BufferReader(view)):
+                column = batch.column("text")
+                if column.null_count:
+                    raise ValueError(
+                        f"the document table {path} holds {column.null_count} missing texts; delete its "
+                        "folder so that the next run writes it again"
+                    )
+                spans.append(_batch_spans(column, view.address, handle.fileno(), number))
+                del column
+                del batch
+            del view
+    return files, np.concatenate(spans) if spans else np.zeros((0, 3), dtype=np.int64)
+
+
+def _batch_spans(column, base: int, fd: int, number: int) -> np.ndarray:
+    """(file number, start, end) of each text of one record batch, its offsets read from the file."""
+    import pyarrow as pa
+
+    width = 8 if pa.types.is_large_string(column.type) else 4
+    _, offsets, data = column.buffers()
+    where = offsets.address - base + column.offset * width
+    raw = os.pread(fd, (len(column) + 1) * width, where)
+    bounds = np.frombuffer(raw, dtype=np.int64 if width == 8 else np.int32).astype(np.int64)
+    start = (data.address - base) if data is not None else 0
+    out = np.empty((len(column), 3), dtype=np.int64)
+    out[:, 0], out[:, 1], out[:, 2] = number, start + bounds[:-1], start + bounds[1:]
+    return out
+
+
+def read_texts(files: list[str], spans: np.ndarray) -> list[str]:
+    """The texts at `spans` (rows of `text_spans`), read with plain file reads."""
+    texts = []
+    for number, start, end in spans.tolist():
+        with open(files[number], "rb") as handle:
+            texts.append(os.pread(handle.fileno(), end - start, start).decode("utf-8"))
+    return texts
 
 
 @dataclass

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from .doc_table import FORMAT, _digest, datasets_bars_off
+from .doc_table import FORMAT, _digest, datasets_bars_off, read_texts, text_spans
 
 CHUNK_CHARS = 20_000_000  # characters per Dataset.map call (one progress-bar update): bounds its memory
 HASH_TOKENS = 1 << 22  # tokens hashed at a time by `fingerprint`
@@ -40,8 +40,10 @@ def cache_dir(given: str | None) -> pathlib.Path:
     return pathlib.Path(datasets.config.HF_DATASETS_CACHE) / "swapformer-tokens"
 
 
-def _encode(batch: dict, indices: list[int], tokenizer, eos: int, limits) -> dict:
-    texts = batch["text"] if limits is None else [t[: limits[i]] for t, i in zip(batch["text"], indices)]
+def _encode(batch: dict, tokenizer, eos: int, files: list[str]) -> dict:
+    """Token ids (each document followed by `eos`) of a batch of spans, each text cut at its limit (-1: none)."""
+    spans = np.stack([batch["file"], batch["start"], batch["end"]], axis=1)
+    texts = [t if n < 0 else t[:n] for t, n in zip(read_texts(files, spans), batch["limit"])]
     return {"input_ids": [ids + [eos] for ids in tokenizer(texts, add_special_tokens=False)["input_ids"]]}
 
 
@@ -102,36 +104,29 @@ def _chunks(table, rows: np.ndarray) -> list[tuple[int, int]]:
     return list(zip(bounds[:-1], bounds[1:]))
 
 
-def _reopened(table):
-    """The same table mapped afresh: the pages one chunk read are released with it, so the resident set
-    does not grow with the corpus."""
-    from datasets import Dataset, concatenate_datasets
-
-    parts = [Dataset.from_file(f["filename"]) for f in table.cache_files]
-    return parts[0] if len(parts) == 1 else concatenate_datasets(parts)
-
-
 def _write_tokens(table, rows, limits, tokenizer, folder: pathlib.Path, dtype, num_proc, bar) -> int:
-    """Tokenize `rows` chunk by chunk with Dataset.map, appending each chunk's ids to tokens.bin."""
+    """Tokenize `rows` chunk by chunk with Dataset.map, appending each chunk's ids to tokens.bin. The map
+    runs over an in-memory table of byte spans; each worker reads its texts from the files (text_spans)."""
     import pyarrow as pa
     import pyarrow.compute as pc
+    from datasets import Dataset
 
+    files, spans = text_spans(table) if len(rows) else ([], None)
     count, start_time = 0, time.perf_counter()
     with open(folder / "tokens.bin", "wb") as out, datasets_bars_off():
         for start, end in _chunks(table, rows):
-            part = _reopened(table).select(rows[start:end].tolist())
+            picked = spans[rows[start:end]]
+            cut = np.full(end - start, -1, dtype=np.int64) if limits is None else limits[start:end]
+            part = Dataset.from_dict(
+                {"file": picked[:, 0], "start": picked[:, 1], "end": picked[:, 2], "limit": cut}
+            )
             encoded = part.map(
                 _encode,
-                with_indices=True,
                 batched=True,
                 batch_size=64,
                 writer_batch_size=64,  # rows held as Python lists before a write: bounds a worker's memory
                 remove_columns=part.column_names,
-                fn_kwargs=dict(
-                    tokenizer=tokenizer,
-                    eos=tokenizer.eos_token_id,
-                    limits=None if limits is None else limits[start:end],
-                ),
+                fn_kwargs=dict(tokenizer=tokenizer, eos=tokenizer.eos_token_id, files=files),
                 num_proc=min(num_proc, len(part)) if num_proc > 1 else None,
                 cache_file_name=str(folder / "chunk.arrow"),
                 load_from_cache_file=False,

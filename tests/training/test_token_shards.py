@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 from accelerate import Accelerator
-from datasets import Dataset, DatasetDict
+from datasets import Dataset, DatasetDict, Features, Value
 from transformers.tokenization_utils_base import PreTrainedTokenizerBase
 
 from swapformer.training import corpus, doc_table
@@ -145,3 +145,39 @@ def test_token_shards_go_to_the_swapformer_cache_folder_unless_given(tmp_path, m
     assert cache_dir(str(tmp_path / "given")) == tmp_path / "given"
     monkeypatch.delenv("SWAPFORMER_CACHE_DIR")
     assert cache_dir(None).name == "swapformer-tokens"
+
+
+def test_texts_read_by_byte_span_are_the_tables_texts_and_leave_no_mapping(tmp_path, text_folder):
+    """The shards and the tokenizer read documents by byte span (doc_table.text_spans, read_texts) rather
+    than through the table's memory map: every row's text is the table's, multi-byte characters and
+    empty texts included, across several Arrow files, and no new mapping of the files is left behind."""
+    from datasets import concatenate_datasets
+
+    extra = tmp_path / "extra"
+    extra.mkdir()
+    (extra / "accents.txt").write_text("café, naïve, Ζεύς, 東京 ✓\n" * 50)
+    first, _ = doc_table.document_table([str(text_folder)], "text", tmp_path / "cache")
+    second, _ = doc_table.document_table([str(extra)], "text", tmp_path / "cache")
+    table = concatenate_datasets([first, second])
+    files = [f["filename"] for f in table.cache_files]
+    assert len(files) == 2
+
+    def mappings() -> int:
+        text = pathlib.Path("/proc/self/maps").read_text()
+        return sum(text.count(f) for f in files)
+
+    before = mappings()
+    found, spans = doc_table.text_spans(table)
+    rows = np.arange(len(table))[::-1]
+    assert found == files and spans.shape == (len(table), 3)
+    assert doc_table.read_texts(found, spans[rows]) == table.select(rows.tolist())["text"]
+    empty = spans[:1].copy()
+    empty[0, 2] = empty[0, 1]
+    assert doc_table.read_texts(found, empty) == [""]
+    assert list(doc_table.split_texts(table, rows[:3], np.array([5, 5, 5]))) == [
+        t[:5] for t in table.select(rows[:3].tolist())["text"]
+    ]
+    assert mappings() == before
+    wide = Dataset.from_dict({"text": ["ab", "", "ζ✓"]}, features=Features({"text": Value("large_string")}))
+    wide = wide.flatten_indices(cache_file_name=str(tmp_path / "wide.arrow"))  # 64-bit offsets, on disk
+    assert doc_table.read_texts(*doc_table.text_spans(wide)) == ["ab", "", "ζ✓"]

@@ -124,6 +124,18 @@ def test_split_and_block_order_are_deterministic():
     assert torch.equal(order.indices(7, 6), torch.cat([epoch0[7:], BlockOrder(10, seed=3).indices(10, 3)]))
 
 
+def test_block_order_is_torch_randperm_of_the_seed_held_in_int32():
+    """The order kept in int32 (half the memory of a large corpus's permutation) is the int64 randperm
+    the epochs have always read, so a run reads the same blocks."""
+    for n, seed in ((10, 3), (1_000, 0), (100_003, 42)):
+        order = BlockOrder(n, seed)
+        for epoch in (0, 1):
+            reference = torch.randperm(n, generator=torch.Generator().manual_seed(seed * 1_000_003 + epoch))
+            got = order.indices(epoch * n, n)
+            assert got.dtype == torch.int64 and torch.equal(got, reference)
+        assert order._perm(1).element_size() == 4
+
+
 def test_span_corruption_hides_spans_that_the_target_restores(saved_tokenizer):
     tokenizer = AutoTokenizer.from_pretrained(saved_tokenizer)
     args = TrainArgs(arch="encoder-decoder", seq_len=40).resolved()
