@@ -160,11 +160,12 @@ class Seam:
 
 
 def _seam_value(routes: bool | None) -> str | None:
-    """What `Seam.linear` holds once a switch is set: "torch" while `cpu_routes(False)` holds (`routes`),
+    """What `Seam.linear` holds once a switch is set: "torch" while `cpu_routes(False)` (`routes`) or
+    SWAPFORMER_CPU_ROUTES=off holds,
     else the route `cpu_linear` chose, else the environment's linear route while `cpu_routes(True)` holds,
     else None (the environment's choice, `Seam.environment`)."""
-    if routes is False:
-        return "torch"
+    if routes is False or (routes is None and not cpu_routes_default()):
+        return "torch"  # the one switch, given here or in the environment, wins over `cpu_linear`
     chosen = _chosen.get()
     return chosen if chosen is not None or routes is None else _environment_route()
 

@@ -147,3 +147,25 @@ def test_the_environment_turns_every_route_off_in_a_fresh_process():
     env.pop("SWAPFORMER_SPARSE_CPU", None)
     done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
     assert done.stdout.split("\n")[:2] == ["torch torch", "onednn"]
+
+
+@pytest.mark.parametrize("environment", ["on", "off"])
+def test_the_seam_reads_the_route_cpu_linear_route_names_under_every_switch(env_switch, environment):
+    """`core.layers.project` reads the route as values (`routes.Seam`); they must name what
+    `cpu_linear_route()` says in every combination of the environment's switch, `cpu_routes` and
+    `cpu_linear` (SWAPFORMER_CPU_ROUTES=off wins over `cpu_linear`, `cpu_routes(True)` over the environment)."""
+    env_switch(environment)
+
+    def seam() -> str:
+        return routes.Seam.linear.get() or routes.Seam.environment or routes.resolve_environment_route()
+
+    assert seam() == swapformer.cpu_linear_route()
+    for enabled in (None, False, True):
+        for linear in (None, "torch", "onednn"):
+            with contextlib.ExitStack() as stack:
+                if enabled is not None:
+                    stack.enter_context(swapformer.cpu_routes(enabled))
+                if linear is not None:
+                    stack.enter_context(swapformer.cpu_linear(linear))
+                assert seam() == swapformer.cpu_linear_route(), (environment, enabled, linear)
+            assert seam() == swapformer.cpu_linear_route()
