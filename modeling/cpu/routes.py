@@ -74,7 +74,8 @@ class cpu_routes:
                 f"cpu_routes(enabled) takes True or False, got {enabled!r} ({type(enabled).__name__}); "
                 "to choose one route, use cpu_linear(route) or sparse_cpu(route)"
             )
-        self._tokens = _routes.set(enabled), Seam.linear.set(_seam_value(enabled))
+        # the seam's value is the route in force once this switch is set (`cpu_linear_route`)
+        self._tokens = _routes.set(enabled), Seam.linear.set(cpu_linear_route())
 
     def __enter__(self) -> cpu_routes:
         return self
@@ -131,7 +132,7 @@ def cpu_linear(route: str):
     environment says; e.g. `with swapformer.cpu_linear("torch"):` for MKL's results bit for bit.
     `cpu_routes(False)` overrides it."""
     token = _chosen.set(resolve_route(check_route(route, "cpu_linear(route)")))
-    seam_token = Seam.linear.set(_seam_value(_routes.get()))
+    seam_token = Seam.linear.set(cpu_linear_route())  # the route in force inside the block
     try:
         yield
     finally:
@@ -146,8 +147,9 @@ class Seam:
     """What the seam in the layers (`core.layers.project`, `MLP.forward`) reads of the routes, as values,
     so that a projection on torch's route and an MLP within one chunk run no code of this package:
 
-    - `linear`: a context variable the switches (`cpu_routes`, `cpu_linear`) set beside their own: "torch"
-      or "onednn", or None where no switch is set (then `environment` holds).
+    - `linear`: a context variable the switches (`cpu_routes`, `cpu_linear`) set beside their own to
+      `cpu_linear_route()` as it reads once they are set, or None where no switch is set (then
+      `environment` holds).
     - `environment`: the environment's linear route ("torch" while SWAPFORMER_CPU_ROUTES=off), resolved
       by `resolve_environment_route` at the first call.
     - `mlp_chunk_bytes`: the activations an MLP without gradients runs at a time (the comment at `cpu_mlp`)."""
@@ -157,17 +159,6 @@ class Seam:
     )
     environment: str | None = None
     mlp_chunk_bytes: int = 16 * 2**20
-
-
-def _seam_value(routes: bool | None) -> str | None:
-    """What `Seam.linear` holds once a switch is set: "torch" while `cpu_routes(False)` (`routes`) or
-    SWAPFORMER_CPU_ROUTES=off holds,
-    else the route `cpu_linear` chose, else the environment's linear route while `cpu_routes(True)` holds,
-    else None (the environment's choice, `Seam.environment`)."""
-    if routes is False or (routes is None and not cpu_routes_default()):
-        return "torch"  # the one switch, given here or in the environment, wins over `cpu_linear`
-    chosen = _chosen.get()
-    return chosen if chosen is not None or routes is None else _environment_route()
 
 
 def resolve_environment_route() -> str:
@@ -230,7 +221,6 @@ def cpu_mlp(mlp: nn.Module, x: torch.Tensor) -> torch.Tensor:
         or type(x) is not torch.Tensor
     ):
         return mlp.compute(x, mlp.act_fn)
-    activations = x.numel() // x.shape[-1] * mlp.up_proj.out_features * x.element_size()
-    if activations <= Seam.mlp_chunk_bytes:
+    if mlp.fits_one_chunk(x):
         return mlp.compute(x, mlp.act_fn)
     return chunked(mlp, x, Seam.mlp_chunk_bytes, onednn_in_force)
