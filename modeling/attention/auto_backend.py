@@ -39,7 +39,7 @@ from ...configuration.backends import (
 )
 from ..cpu.route_choice import cpu_info
 from ..cpu.routes import cpu_routes_on
-from .auto_cache import cache_file, lookup, store
+from .auto_cache import cache_file, lookup, measuring_lock, store
 from .auto_cache import forget as forget_cache
 from .auto_measure import measure_candidates
 
@@ -123,7 +123,7 @@ def choose(stack, layer_type: str, pattern, dtype: torch.dtype) -> Choice:
     memo = (mode(), *situation.values())
     choice = _choices.get(memo)
     if choice is None:
-        choice = _choices[memo] = _decide(stack, layer_type, situation, memo[0])
+        choice = _choices[memo] = _decide(stack, layer_type, situation, memo[0], pattern.device)
     return choice
 
 
@@ -139,10 +139,10 @@ def _traced_pick(stack, layer_type: str, pattern, dtype: torch.dtype) -> str:
     )[0]  # fmt: skip
 
 
-def _decide(stack, layer_type: str, situation: dict, how: str) -> Choice:
+def _decide(stack, layer_type: str, situation: dict, how: str, device: torch.device) -> Choice:
     s = situation
     found = candidates(
-        stack.config, s["kind"], s["device"].split(":")[0], s["dtype"], grad=s["grad"], padded=s["padded"],
+        stack.config, s["kind"], s["device"], s["dtype"], grad=s["grad"], padded=s["padded"],
         packed=s["packed"], custom=s["custom"], compiling=False, dropout=s["dropout"],
     )  # fmt: skip
     if how == "static":
@@ -150,12 +150,30 @@ def _decide(stack, layer_type: str, situation: dict, how: str) -> Choice:
     if len(found) == 1:
         return Choice(situation, found[0], "the only candidate")
     key = json.dumps(situation, sort_keys=True)
+    known = _cached(situation, key, found)
+    if known is not None:
+        return known
+    # Another process of this machine meeting this situation now (a rank of a multi-process run) waits here
+    # while this one measures, then reads its entry: ranks agree, and no two measure at once (auto_cache.py).
+    with measuring_lock():
+        forget_cache()  # read the file again: the process that held the lock may have stored the entry
+        known = _cached(situation, key, found)
+        return known if known is not None else _measure(stack, layer_type, situation, key, found, device)
+
+
+def _cached(situation: dict, key: str, found: list[str]) -> Choice | None:
+    """The choice the disk cache holds for `key`, if it is still a candidate."""
     entry = lookup(key)
-    if entry is not None and entry.get("choice") in found:
-        how = f"measured {entry.get('measured', '')} (cache {cache_file()})"
-        return Choice(situation, entry["choice"], how, entry.get("times_ms", {}), entry.get("dropped", {}))
+    if entry is None or entry.get("choice") not in found:
+        return None
+    how = f"measured {entry.get('measured', '')} (cache {cache_file()})"
+    return Choice(situation, entry["choice"], how, entry.get("times_ms", {}), entry.get("dropped", {}))
+
+
+def _measure(stack, layer_type: str, situation: dict, key: str, found: list[str], device) -> Choice:
+    """Measure `found` on a twin of `layer_type`'s layers on `device`, keep the fastest in memory and on disk."""
     try:
-        times, dropped = measure_candidates(stack, layer_type, situation, found)
+        times, dropped = measure_candidates(stack, layer_type, situation, found, device)
     except Exception as e:
         raise RuntimeError(
             f"attn_implementation='auto': measuring {found} for {layer_type} layers failed ({type(e).__name__}: "
@@ -219,8 +237,8 @@ def situation_of(stack, layer_type: str, pattern, dtype: torch.dtype) -> dict:
 
 
 def _machine(device: torch.device) -> dict:
-    if device.type == "cuda":
-        return {"device": str(device), "device_name": _cuda_name(device.index or 0)}
+    if device.type == "cuda":  # the model, not the index: ranks on GPUs of one model share a choice
+        return {"device": "cuda", "device_name": _cuda_name(device.index or 0)}
     return {
         "device": device.type,
         "device_name": _cpu_name(),

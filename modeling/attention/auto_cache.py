@@ -7,6 +7,12 @@ bucket, ...), so one file serves every machine that shares a home folder; an ent
 or swapformer version is ignored (kernels change between versions) and replaced when measured again. Writes
 merge with what another process wrote since this one read the file, then replace it atomically (temporary
 file + os.replace), so a reader never sees half a file.
+
+A situation is measured under `measuring_lock`, an exclusive lock on a file beside the cache: processes of one
+machine that meet the same situation together (the ranks of a multi-process run, parallel jobs) measure it
+once. The first takes the lock and measures, alone on the machine's cores; the others wait, then read its
+entry, so they all run the same backend. Where the folder cannot be written or the system has no `fcntl`
+(Windows), nothing is locked and each process measures for itself.
 """
 
 from __future__ import annotations
@@ -15,15 +21,22 @@ import json
 import os
 import tempfile
 import time
+from contextlib import contextmanager
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
 import torch
 from transformers.utils import logging
 
+try:
+    import fcntl
+except ImportError:  # Windows: no locking (see the module docstring)
+    fcntl = None
+
 logger = logging.get_logger(__name__)
 
 FILE_NAME = "auto_backend.json"
+LOCK_NAME = "auto_backend.lock"
 FORMAT = 1
 _entries: dict | None = None  # the file's entries as this process last read or wrote them
 _warned = False
@@ -94,6 +107,26 @@ def store(key: str, entry: dict) -> None:
         _warn(
             f"could not write the auto-backend cache {path} ({e}); set SWAPFORMER_CACHE_DIR to a writable folder"
         )
+
+
+@contextmanager
+def measuring_lock():
+    """Hold the machine's measuring lock (the module docstring says why); wait while another process holds it."""
+    path = cache_file().with_name(LOCK_NAME)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        handle = open(path, "a")  # noqa: SIM115 - closed below, after the lock is released
+    except OSError:  # store() warns about the folder; measure without the lock
+        handle = None
+    if handle is None or fcntl is None:
+        yield
+        return
+    with handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 def forget() -> None:

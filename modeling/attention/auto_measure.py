@@ -32,9 +32,10 @@ DROP_RATIO = 2.0
 PILOT_S = 0.05  # a warm-up at least this long predicts the full run (fixed costs are small beside it)
 
 
-def measure_candidates(stack, layer_type: str, situation: dict, candidates: list[str]):
-    """({backend: best time in ms}, {backend: why it was dropped}) for `candidates` on `stack`'s twin."""
-    device, dtype = torch.device(situation["device"]), getattr(torch, situation["dtype"])
+def measure_candidates(stack, layer_type: str, situation: dict, candidates: list[str], device: torch.device):
+    """({backend: best time in ms}, {backend: why it was dropped}) for `candidates` on `stack`'s twin on
+    `device` (the inputs'; the situation names a GPU by its model, not its index)."""
+    dtype = getattr(torch, situation["dtype"])
     devices = [device] if device.type == "cuda" else []
     grad = situation["grad"]
     with torch.random.fork_rng(devices=devices), torch.set_grad_enabled(grad):

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import json
 import os
+import threading
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import torch
@@ -215,6 +217,59 @@ def test_a_second_process_reuses_the_cache(auto_cache_dir):
     assert first["measured"] == 2  # one situation per layer type
     assert second["measured"] == 0
     assert second["rows"] == first["rows"]
+
+
+def test_two_processes_started_together_measure_each_situation_once(auto_cache_dir):
+    """Two ranks of one machine: between them each situation is measured once, and they choose alike."""
+    env = {**os.environ, "SWAPFORMER_CACHE_DIR": str(auto_cache_dir), "OMP_NUM_THREADS": "1"}
+    env.pop("SWAPFORMER_AUTO", None)
+    with ThreadPoolExecutor(2) as pool:
+        ranks = list(pool.map(lambda _: run_python(SECOND_PROCESS, env=env, tag="AUTO", cwd=ROOT), range(2)))
+    assert sum(r["measured"] for r in ranks) == 2, ranks  # one situation per layer type
+    assert ranks[0]["rows"] == ranks[1]["rows"]
+
+
+def test_gpus_of_one_model_share_a_situation(monkeypatch):
+    monkeypatch.setattr(auto_backend, "_cuda_name", lambda index: "NVIDIA H100 80GB HBM3")
+    assert auto_backend._machine(torch.device("cuda", 0)) == auto_backend._machine(torch.device("cuda", 3))
+
+
+def test_a_process_waits_while_another_measures_and_takes_its_choice(auto_cache_dir, monkeypatch):
+    """The ranks of a multi-process run meet a situation together: one measures under the machine's lock, the
+    others wait and read its entry instead of measuring (so they agree). Here this test plays the process that
+    measures: it holds the lock until a thread on the model has looked in the cache and found nothing, then
+    writes the entries and lets go; the thread must take them without measuring."""
+    model = build(swapformer.EncoderModel, pattern_config("encoder", "sliding_attention"), attn="auto")
+    ids, _ = padded_batch(batch=1, length=20, padding="none")
+    with torch.no_grad():
+        model(ids)
+    path = auto_cache.cache_file()
+    measured = json.loads(path.read_text())
+    for entry in measured["entries"].values():  # a choice this process would not make by itself
+        entry["choice"] = next(b for b in [*entry["times_ms"], *entry["dropped"]] if b != entry["choice"])
+    path.unlink()
+    auto_backend.forget()
+    monkeypatch.setattr(auto_backend, "measure_candidates", _refuse_measuring)
+    looked, failures = threading.Event(), []
+    real_lookup = auto_backend.lookup
+    monkeypatch.setattr(auto_backend, "lookup", lambda key: looked.set() or real_lookup(key))
+
+    def other_rank():
+        try:
+            with torch.no_grad():
+                model(ids)
+        except BaseException as e:  # noqa: BLE001 - reported by the assertion below
+            failures.append(e)
+
+    with auto_cache.measuring_lock():
+        thread = threading.Thread(target=other_rank)
+        thread.start()
+        assert looked.wait(timeout=60)  # it found nothing, and waits for the lock (or, unfixed, measures)
+        path.write_text(json.dumps(measured))
+    thread.join(timeout=60)
+    assert not thread.is_alive() and not failures, failures
+    chosen = {c.backend for row in model.attention_plan().rows for c in row.choices}
+    assert chosen == {e["choice"] for e in measured["entries"].values()}
 
 
 def test_an_entry_of_another_torch_version_is_ignored(auto_cache_dir, monkeypatch):
