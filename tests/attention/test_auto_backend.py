@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -264,7 +265,8 @@ def test_a_process_waits_while_another_measures_and_takes_its_choice(auto_cache_
     with auto_cache.measuring_lock():
         thread = threading.Thread(target=other_rank)
         thread.start()
-        assert looked.wait(timeout=60)  # it found nothing, and waits for the lock (or, unfixed, measures)
+        assert looked.wait(timeout=60)  # it found nothing
+        time.sleep(0.5)  # time to read the file again and measure, were it not waiting for the lock
         path.write_text(json.dumps(measured))
     thread.join(timeout=60)
     assert not thread.is_alive() and not failures, failures
