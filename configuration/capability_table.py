@@ -92,11 +92,16 @@ class Capabilities:
     # devices where attn_implementation="auto" measures it as a candidate, and why not elsewhere
     auto_devices: tuple[str, ...] = ("cpu", "cuda")
     no_auto: str = ""
+    # holds a layer's (heads, queries, keys) scores whole: auto measures it only while they are small
+    # (modeling/attention/auto_measure.py: SCORE_BYTES), since its run would need far more memory than the others'
+    score_matrix: bool = False
     note: str = ""
 
 
 BACKENDS: dict[str, Capabilities] = {
-    "eager": Capabilities(note="the reference every backend is tested against; O(n^2) dense mask"),
+    "eager": Capabilities(
+        score_matrix=True, note="the reference every backend is tested against; O(n^2) dense mask"
+    ),
     "sdpa": Capabilities(
         output_attentions="recomputed",
         note="torch SDPA with a dense boolean/additive mask: O(n^2) mask, fused kernel",

@@ -8,7 +8,10 @@ will run: a forward (no gradients), forward + backward (gradients), or one-token
 filled to the length (decode). Bounds: a warm-up call at a quarter of the length (at least 2 blocks; a
 decode step's warm-up is its prefill) per candidate (first-call costs: allocations, a native kernel's
 loading) and one timed run; a candidate whose timed run takes over `DROP_RATIO` x the best time so far is
-dropped after it, or after its warm-up alone when that already shows it cannot win (`_hopeless`). The others then run in turn, in rounds (drift of
+dropped after it, or after its warm-up alone when that already shows it cannot win (`_hopeless`); a backend
+that holds the whole score matrix (eager) is not run at all where its scores would pass `SCORE_BYTES`
+(`_too_large`; 12 heads in fp32: a forward at 8k keys, training at 4k), so measuring never needs gigabytes
+that the backend chosen does not. The others then run in turn, in rounds (drift of
 a busy machine falls on all of them), each keeping its best, until `RUNS` runs or `BUDGET_S` per candidate.
 Candidates come in the static order (the likely fastest first), so a long situation costs about one run of
 each candidate, and a typical one well under a second. The global RNG (CPU and the device) is saved and
@@ -24,12 +27,16 @@ import time
 import torch
 from transformers import DynamicCache, EncoderDecoderCache, PreTrainedModel
 
+from ...configuration.backends import BACKENDS
 from ..caches.cache import dynamic_cache
 
 RUNS = 5
 BUDGET_S = 0.15  # seconds of timed runs per candidate kept, beyond which no new round starts
 DROP_RATIO = 2.0
 PILOT_S = 0.05  # a warm-up at least this long predicts the full run (fixed costs are small beside it)
+SCORE_BYTES = (
+    1 << 30
+)  # the most a score-matrix backend's scores (and, in training, their two gradients) may take
 
 
 def measure_candidates(stack, layer_type: str, situation: dict, candidates: list[str], device: torch.device):
@@ -51,6 +58,10 @@ def _first_runs(runs: dict, situation: dict, device):
     """One warm-up and one timed run of each candidate in turn, dropping those that cannot win."""
     times, dropped = {}, {}
     for name, run in runs.items():
+        too_large = _too_large(name, situation)
+        if too_large and len(runs) > len(dropped) + 1:  # never every candidate
+            dropped[name] = too_large
+            continue
         pilot = _timed(functools.partial(run, warm_up=True), device)
         best = min(times.values(), default=None)
         if best is not None and _hopeless(pilot, best, situation):
@@ -84,6 +95,20 @@ def _hopeless(pilot: float, best: float, situation: dict) -> bool:
     takes at least 4x the warm-up once fixed costs are small (`PILOT_S`). This keeps a long situation from
     paying a full run of a dense backend (eager at 8k tokens: seconds and gigabytes)."""
     return situation["step"] == "prefill" and pilot > PILOT_S and 4 * pilot > DROP_RATIO * best
+
+
+def _too_large(name: str, situation: dict) -> str:
+    """Why `name` is not measured in `situation` (its scores would pass `SCORE_BYTES`), or ""."""
+    if not BACKENDS[name].score_matrix or situation["step"] == "decode":
+        return ""
+    length, width = situation["bucket"], torch.finfo(getattr(torch, situation["dtype"])).bits // 8
+    need = situation["heads"] * length * length * width * (3 if situation["grad"] else 1)
+    if need <= SCORE_BYTES:
+        return ""
+    return (
+        f"not measured: its scores of {situation['heads']} heads x {length}^2 keys would take {need / 2**30:.1f} GiB "
+        f"(over {SCORE_BYTES / 2**30:g} GiB), far more than the other candidates"
+    )
 
 
 def _timed(run, device) -> float:

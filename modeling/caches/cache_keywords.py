@@ -3,7 +3,10 @@
 
 from __future__ import annotations
 
+import inspect
+import os
 import warnings
+from pathlib import Path
 
 import torch
 from torch import nn
@@ -45,12 +48,30 @@ def read_cache_keywords(
                 f"`{given[0]}` is deprecated and will be removed in version {CACHE_NAMES_REMOVED_IN} for "
                 f"`{type(model).__name__}.forward`. Use `cache` instead.",
                 FutureWarning,
-                stacklevel=4,  # the caller of the forward: past cache_argument and the forward
+                stacklevel=_callers_level(),
             )
     cache_position = kwargs.pop("cache_position", None)
     if cache_position is not None and new_tokens is not None and not torch.compiler.is_compiling():
         check_cache_position(cache_position, cache, new_tokens.shape[1])
     return cache
+
+
+# the folders whose frames sit between a model's caller and the warning: swapformer's modeling package (or a
+# remote-code folder's parent) and torch.nn's modules (Module.__call__)
+_INSIDE = tuple(
+    os.path.join(folder, "")
+    for folder in (Path(__file__).resolve().parents[1], Path(nn.modules.__file__).resolve().parent)
+)
+
+
+def _callers_level() -> int:
+    """`warnings.warn`'s stacklevel for the first frame outside `_INSIDE`: the line that called the model,
+    however many forwards and heads are in between. (LlamaForCausalLM's warning points into torch's
+    module.py, so Python's once-per-location filter shows it once per process rather than once per line.)"""
+    frame, level = inspect.currentframe().f_back, 1  # level 1: the function that calls warnings.warn
+    while frame.f_back is not None and str(Path(frame.f_code.co_filename).resolve()).startswith(_INSIDE):
+        frame, level = frame.f_back, level + 1
+    return level
 
 
 def check_cache_position(cache_position: torch.Tensor, cache: Cache | None, length: int) -> None:

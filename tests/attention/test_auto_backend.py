@@ -235,6 +235,40 @@ def test_gpus_of_one_model_share_a_situation(monkeypatch):
     assert auto_backend._machine(torch.device("cuda", 0)) == auto_backend._machine(torch.device("cuda", 3))
 
 
+def test_a_score_matrix_backend_is_not_run_where_its_scores_would_take_gigabytes():
+    """eager at 8k keys would hold 12 x 8192^2 scores (3 GiB, 9 in training) while measuring: auto drops it
+    unrun there; below the bound, and where it is the last candidate left, it runs."""
+    from swapformer.modeling.attention import auto_measure
+
+    ran = []
+
+    def run(name):
+        return lambda warm_up=False: ran.append((name, warm_up))
+
+    def situation(bucket, grad):
+        return {"bucket": bucket, "grad": grad, "heads": 12, "dtype": "float32", "step": "prefill"}
+
+    for bucket, grad, measured in [
+        (4096, False, True),
+        (8192, False, False),
+        (2048, True, True),
+        (4096, True, False),
+    ]:
+        ran.clear()
+        times, dropped = auto_measure._first_runs(
+            {"sdpa": run("sdpa"), "eager": run("eager")}, situation(bucket, grad), torch.device("cpu")
+        )
+        assert ("eager" in times or "eager" in dropped and "first run" in dropped["eager"]) == measured
+        assert (("eager", False) in ran) == measured, (bucket, grad, ran)
+        if not measured:
+            assert dropped["eager"].startswith("not measured: its scores of 12 heads x"), dropped
+    ran.clear()
+    times, dropped = auto_measure._first_runs(
+        {"eager": run("eager")}, situation(8192, True), torch.device("cpu")
+    )
+    assert "eager" in times and not dropped
+
+
 def test_a_process_waits_while_another_measures_and_takes_its_choice(auto_cache_dir, monkeypatch):
     """The ranks of a multi-process run meet a situation together: one measures under the machine's lock, the
     others wait and read its entry instead of measuring (so they agree). Here this test plays the process that

@@ -490,6 +490,8 @@ def test_old_cache_names_work_and_warn_as_llama(name, old_name):
             got = first_output(model(**step, **{old_name: copy.deepcopy(cache)}))
     assert torch.equal(got, expected)
     assert deprecation_messages(record) == [llama_message_for(old_name, cls.__name__)]
+    # it points at the line above that called the model (Llama's points into torch's module.py)
+    assert [(w.filename, w.category) for w in record] == [(__file__, FutureWarning)]
     with warnings.catch_warnings(record=True) as record:
         warnings.simplefilter("default")  # Python's default: once per call site
         for _ in range(3):
