@@ -34,9 +34,8 @@ RUNS = 5
 BUDGET_S = 0.15  # seconds of timed runs per candidate kept, beyond which no new round starts
 DROP_RATIO = 2.0
 PILOT_S = 0.05  # a warm-up at least this long predicts the full run (fixed costs are small beside it)
-SCORE_BYTES = (
-    1 << 30
-)  # the most a score-matrix backend's scores (and, in training, their two gradients) may take
+# the most a score-matrix backend's scores (and, in training, their two gradients) may take while measured
+SCORE_BYTES = 1 << 30
 
 
 def measure_candidates(stack, layer_type: str, situation: dict, candidates: list[str], device: torch.device):
