@@ -23,3 +23,17 @@ def test_auto_backend_benchmark_runs_every_cell_kind(tmp_path, capsys, monkeypat
         assert r["max_diff"] <= 1e-4, (arch, kind, mode, r["max_diff"])
         assert f"| {arch} | {kind} | {length} | {mode} |" in out
     assert "auto / best" in out and "load average" in out
+
+
+def test_the_reference_above_eager_max_is_named_and_can_be_eager(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("SWAPFORMER_CACHE_DIR", str(tmp_path))
+    benchmark = load_benchmark("auto_backend")
+    common = ["--tiny", "--lengths", "64", "--rounds", "1", "--eager-max", "32", "--cache-dir", str(tmp_path)]
+    common += ["--archs", "decoder", "--kinds", "sliding", "--modes", "training"]
+    (skipped,) = benchmark.main(common).values()
+    assert skipped["reference"] == "sdpa" and "eager" not in skipped["seconds"]
+    assert " (sdpa) |" in capsys.readouterr().out
+    (against_eager,) = benchmark.main([*common, "--eager-reference"]).values()
+    assert against_eager["reference"] == "eager" and "eager" not in against_eager["seconds"]
+    assert against_eager["max_diff"] <= 1e-4
+    assert " (sdpa) |" not in capsys.readouterr().out
