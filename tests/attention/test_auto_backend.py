@@ -269,17 +269,23 @@ def test_a_score_matrix_backend_is_not_run_where_its_scores_would_take_gigabytes
     assert "eager" in times and not dropped
 
 
-def test_a_process_waits_while_another_measures_and_takes_its_choice(auto_cache_dir, monkeypatch):
-    """The ranks of a multi-process run meet a situation together: one measures under the machine's lock, the
-    others wait and read its entry instead of measuring (so they agree). Here this test plays the process that
-    measures: it holds the lock until a thread on the model has looked in the cache and found nothing, then
-    writes the entries and lets go; the thread must take them without measuring."""
+def _measured_sliding_encoder():
+    """An encoder on auto with sliding and full layers after one forward of 20 tokens: (model, ids, the cache
+    file, its JSON as measured)."""
     model = build(swapformer.EncoderModel, pattern_config("encoder", "sliding_attention"), attn="auto")
     ids, _ = padded_batch(batch=1, length=20, padding="none")
     with torch.no_grad():
         model(ids)
     path = auto_cache.cache_file()
-    measured = json.loads(path.read_text())
+    return model, ids, path, json.loads(path.read_text())
+
+
+def test_a_process_waits_while_another_measures_and_takes_its_choice(auto_cache_dir, monkeypatch):
+    """The ranks of a multi-process run meet a situation together: one measures under the machine's lock, the
+    others wait and read its entry instead of measuring (so they agree). Here this test plays the process that
+    measures: it holds the lock until a thread on the model has looked in the cache and found nothing, then
+    writes the entries and lets go; the thread must take them without measuring."""
+    model, ids, path, measured = _measured_sliding_encoder()
     for entry in measured["entries"].values():  # a choice this process would not make by itself
         entry["choice"] = next(b for b in [*entry["times_ms"], *entry["dropped"]] if b != entry["choice"])
     path.unlink()
@@ -309,12 +315,7 @@ def test_a_process_waits_while_another_measures_and_takes_its_choice(auto_cache_
 
 
 def test_an_entry_of_another_torch_version_is_ignored(auto_cache_dir, monkeypatch):
-    model = build(swapformer.EncoderModel, pattern_config("encoder", "sliding_attention"), attn="auto")
-    ids, _ = padded_batch(batch=1, length=20, padding="none")
-    with torch.no_grad():
-        model(ids)
-    path = auto_cache.cache_file()
-    saved = json.loads(path.read_text())
+    model, ids, path, saved = _measured_sliding_encoder()
     for entry in saved["entries"].values():
         entry["torch"] = "1.0.0"
         entry["choice"] = "eager"
