@@ -28,8 +28,9 @@ def test_auto_backend_benchmark_runs_every_cell_kind(tmp_path, capsys, monkeypat
 def test_the_reference_above_eager_max_is_named_and_can_be_eager(tmp_path, capsys, monkeypatch):
     monkeypatch.setenv("SWAPFORMER_CACHE_DIR", str(tmp_path))
     benchmark = load_benchmark("auto_backend")
-    common = ["--tiny", "--lengths", "64", "--rounds", "1", "--eager-max", "32", "--cache-dir", str(tmp_path)]
-    common += ["--archs", "decoder", "--kinds", "sliding", "--modes", "training"]
+    cell = ["--tiny", "--lengths", "64", "--rounds", "1", "--cache-dir", str(tmp_path)]
+    cell += ["--archs", "decoder", "--kinds", "sliding", "--modes", "training"]
+    common = [*cell, "--eager-max", "32"]
     (skipped,) = benchmark.main(common).values()
     assert skipped["reference"] == "sdpa" and "eager" not in skipped["seconds"]
     assert " (sdpa) |" in capsys.readouterr().out
@@ -37,3 +38,7 @@ def test_the_reference_above_eager_max_is_named_and_can_be_eager(tmp_path, capsy
     assert against_eager["reference"] == "eager" and "eager" not in against_eager["seconds"]
     assert against_eager["max_diff"] <= 1e-4
     assert " (sdpa) |" not in capsys.readouterr().out
+    # eager timed (under --eager-max) gives its plain gradients; the untimed reference above took them
+    # with activation checkpointing: recomputing the same ops must not move a single bit
+    (timed,) = benchmark.main([*cell, "--eager-max", "64"]).values()
+    assert "eager" in timed["seconds"] and timed["max_diff"] == against_eager["max_diff"]
