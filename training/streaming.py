@@ -103,6 +103,12 @@ def read_stream(args: TrainArgs, name: str, source: StreamSource) -> StreamCorpu
     validation = [
         Document(f"validation/{i}", t) for i, t in enumerate(budgeted(own_texts, args.max_val_chars))
     ]
+    if not validation and own is not None:
+        raise TrainArgumentError(
+            f"--streaming: the validation split of --data {source.path!r} holds no non-empty document, and a "
+            "source with its own validation split is evaluated on it (nothing is held out of train); put "
+            "documents in it, or remove it to hold --val-fraction of train out"
+        )
     if not validation:
         raise TrainArgumentError(
             f"--streaming: no document of --data falls in the validation hold-out (--val-fraction "

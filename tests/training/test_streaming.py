@@ -240,6 +240,16 @@ def test_a_text_file_too_large_to_read_whole_is_refused(tmp_path, text_folder, m
         check_run(args)
 
 
+def test_an_empty_validation_split_of_the_source_is_named_as_such(tmp_path, text_folder):
+    """A source with its own validation split is evaluated on it, so an empty one is what the message names
+    (not --val-fraction, which does not apply to such a source)."""
+    folder = tmp_path / "splits"
+    jsonl_files(folder, paragraphs(text_folder)[:20], names=("train",))
+    (folder / "validation.jsonl").write_text(json.dumps({"text": ""}) + "\n")
+    with pytest.raises(TrainArgumentError, match="the validation split of --data .* holds no non-empty doc"):
+        prepared(tmp_path, str(folder))
+
+
 def test_a_missing_text_column_fails_in_one_line_before_anything_is_written(tmp_path, text_folder, capsys):
     rows = tmp_path / "rows"
     jsonl_files(rows, paragraphs(text_folder))
