@@ -9,12 +9,14 @@
   names: `train`, and `validation`/`test` where present), or a dataset saved with `save_to_disk`;
 - any other name: a `datasets` dataset on the Hub (which needs a network).
 
-`stream_source` resolves all of that from names, sizes and the listing, without reading a row; it is what
-preflight calls, so an input the stream cannot read is refused before anything is created.
+`stream_source` resolves all of that from names, sizes and the listing, reading no row but the first line
+of each JSON-lines file and each parquet file's schema (their columns must agree); it is what preflight
+calls, so an input the stream cannot read is refused before anything is created.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import pathlib
 from dataclasses import dataclass
@@ -94,7 +96,43 @@ def stream_source(data: list[str], text_column: str) -> StreamSource:
                 f"{big[0].stat().st_size:,} bytes (over {MAX_TEXT_FILE_BYTES:,}): split it into files, write "
                 "it as jsonl rows, or drop --streaming (which cuts it into 20,000-character documents)"
             )
+    if kind in ("json", "parquet"):
+        _same_columns(files)
     return StreamSource(kind, "", tuple(map(str, files)), text_column)
+
+
+def _columns(path: pathlib.Path) -> frozenset[str] | None:
+    """The columns of a parquet file (its schema) or of a JSON-lines file (its first row's keys); None for a
+    JSON file whose first line is not a whole object (an array: its columns cost a full read)."""
+    if path.suffix.lower() == ".parquet":
+        import pyarrow.parquet as pq
+
+        return frozenset(pq.read_schema(path).names)
+    with open(path, encoding="utf-8", errors="replace") as f:
+        first = next((line for line in f if line.strip()), "")
+    try:
+        row = json.loads(first)
+    except ValueError:
+        return None
+    return frozenset(row) if isinstance(row, dict) else None
+
+
+def _same_columns(files: list[pathlib.Path]) -> None:
+    """datasets streams row files as one dataset cast to the first file's columns, and fails where a later
+    file has others, which may be hours into a run: the files' columns are compared here instead."""
+    seen: tuple[pathlib.Path, frozenset[str]] | None = None
+    for path in files:
+        columns = _columns(path)
+        if columns is None:
+            continue
+        if seen is not None and columns != seen[1]:
+            raise TrainArgumentError(
+                f"--streaming reads the --data files as one stream, whose rows must have the same columns; "
+                f"{str(seen[0])!r} has columns {sorted(seen[1])} and {str(path)!r} has {sorted(columns)}: "
+                "give files with the same columns (e.g. only the text column), or drop --streaming (which "
+                "reads each file on its own)"
+            )
+        seen = seen or (path, columns)
 
 
 def _named_source(path: str, text_column: str) -> StreamSource:

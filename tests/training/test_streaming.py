@@ -199,6 +199,9 @@ def refused(tmp_path: pathlib.Path, text_folder: pathlib.Path, case: str):
     (empty / "weights.bin").write_bytes(b"\0" * 64)
     no_train = tmp_path / "only_validation"
     jsonl_files(no_train, paragraphs(text_folder)[:5], names=("validation",))
+    (rows / "with_id.jsonl").write_text(json.dumps({"text": "one more", "id": 7}) + "\n")
+    Dataset.from_dict({"text": ["a"]}).to_parquet(tmp_path / "a.parquet")
+    Dataset.from_dict({"body": ["b"]}).to_parquet(tmp_path / "b.parquet")
     return {
         "unbounded validation": dict(plain, max_val_chars=0),
         "tokenizing processes": dict(plain, num_proc=2),
@@ -208,6 +211,8 @@ def refused(tmp_path: pathlib.Path, text_folder: pathlib.Path, case: str):
         "not a path nor a name": dict(data=[str(tmp_path / "missing" / "x.jsonl")]),
         "unreadable folder": dict(data=[str(empty)]),
         "no train split": dict(data=[str(no_train)]),
+        "files whose columns differ": dict(data=[str(rows / "part0.jsonl"), str(rows / "with_id.jsonl")]),
+        "parquet schemas that differ": dict(data=[str(tmp_path / "*.parquet")]),
     }[case]
 
 
@@ -222,6 +227,14 @@ def refused(tmp_path: pathlib.Path, text_folder: pathlib.Path, case: str):
         ("not a path nor a name", "no such file or folder, nor a `datasets` name"),
         ("unreadable folder", "cannot be streamed by `datasets`"),
         ("no train split", "has no 'train' split"),
+        (
+            "files whose columns differ",
+            r"'.*part0.jsonl' has columns \['text'\] and '.*with_id.jsonl' has \['id', 'text'\]",
+        ),
+        (
+            "parquet schemas that differ",
+            r"'.*a.parquet' has columns \['text'\] and '.*b.parquet' has \['body'\]",
+        ),
     ],
 )
 def test_what_streaming_cannot_honour_is_refused_by_preflight(case, says, tmp_path, text_folder):
