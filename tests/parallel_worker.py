@@ -53,7 +53,7 @@ def torchrun(world_size: int, *args, out: Path):
             "torch.distributed.run",
             f"--nproc_per_node={world_size}",
             "--rdzv-backend=c10d",
-            f"--rdzv-endpoint=localhost:{_free_port()}",
+            f"--rdzv-endpoint=localhost:{free_port()}",
             str(WORKER),
             *map(str, args),
             str(out),
@@ -65,7 +65,7 @@ def torchrun(world_size: int, *args, out: Path):
     raise AssertionError("\n---\n".join(failures))
 
 
-def _free_port() -> int:
+def free_port() -> int:
     import socket
 
     with socket.socket() as s:

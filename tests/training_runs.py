@@ -4,12 +4,14 @@ for a run in another process to reach a step (and killing it there)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import pathlib
-import signal
 import subprocess
 import time
+
+import psutil
 
 from swapformer.training.args import TrainArgs, flag
 
@@ -64,14 +66,19 @@ def wait_for_step(proc: subprocess.Popen, out: pathlib.Path, step: int) -> None:
 
 def kill_after_step(command: list[str], out: pathlib.Path, step: int) -> int:
     """Run `swapformer train` as `command` in another process (one thread, as the in-process tests), SIGKILL
-    it once it has logged `step`, and return the last step it logged."""
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    it once it has logged `step`, and return the last step it logged. A launcher's workers are killed with
+    it, and waited for: `accelerate launch` starts each in a session of its own, so they would outlive it."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""}
     proc = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         wait_for_step(proc, out, step)
-        proc.send_signal(signal.SIGKILL)
-        proc.wait()
     finally:
-        if proc.poll() is None:
-            proc.kill()
+        tree = [psutil.Process(proc.pid)]
+        with contextlib.suppress(psutil.NoSuchProcess):
+            tree += tree[0].children(recursive=True)
+        for p in tree:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                p.kill()
+        psutil.wait_procs(tree, timeout=60)
+        proc.wait()
     return losses(out)[-1][0]

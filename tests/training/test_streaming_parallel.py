@@ -1,12 +1,16 @@
 """`--streaming` under data parallelism (issue 29): in a 2-process DDP run on CPU each rank reads its own part
 of the stream (`split_dataset_by_node`: whole files when their number divides the ranks, else every other
 row) and trains on the blocks of that part, packed in order: over a pass every block of its part once, none
-read by the other rank."""
+read by the other rank. Killed mid-pass, a 2-process run resumes each rank where it was."""
 
 from __future__ import annotations
 
 import hashlib
 import json
+import os
+import pathlib
+import subprocess
+import sys
 
 import pytest
 from transformers import AutoTokenizer
@@ -14,8 +18,8 @@ from transformers import AutoTokenizer
 from swapformer.training.corpus import Document
 from swapformer.training.data import pack
 
-from parallel_worker import torchrun
-from training_runs import TINY_RUN
+from parallel_worker import free_port, torchrun
+from training_runs import TINY_RUN, kill_after_step, losses, tiny_argv
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # conftest.one_thread
 
@@ -64,3 +68,43 @@ def test_two_ranks_stream_disjoint_parts_and_read_each_block_once_a_pass(
     first, second = ({tuple(r) for step in rank for r in step} for rank in seen)
     report("blocks read by both ranks", float(len(first & second)))
     assert not first & second
+
+
+@pytest.mark.slow
+def test_a_two_process_streaming_run_killed_mid_pass_resumes_onto_the_same_losses(
+    tmp_path, text_folder, report
+):
+    """`accelerate launch` with 2 processes, a file per rank, SIGKILLed (launcher and workers) 2 steps past a
+    checkpoint taken mid-way through a pass: resumed, each rank goes on from the stream position and the
+    carried-over tokens it saved, and the run logs the uninterrupted 2-process run's losses."""
+    rows = tmp_path / "rows"
+    rows.mkdir()
+    texts = [p for f in sorted(text_folder.glob("*.txt")) for p in f.read_text().split("\n\n") if p.strip()]
+    for i, part in enumerate((texts[: len(texts) // 2], texts[len(texts) // 2 :])):
+        (rows / f"part{i}.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in part))
+    steps, every, kill_at = 16, 5, 12
+    flags = dict(max_steps=steps, save_every=every, eval_every=10, max_train_chars=4_000)
+    launch = [str(pathlib.Path(sys.executable).with_name("accelerate")), "launch", "--multi_gpu"]
+    launch += ["--num_processes", "2", "--num_machines", "1", "--mixed_precision", "no"]
+    launch += ["--dynamo_backend", "no", "--main_process_port", str(free_port()), "-m", "swapformer"]
+    killed, reference = tmp_path / "killed", tmp_path / "reference"
+    argv = [*tiny_argv(killed, rows / "part*.jsonl", **flags), "--streaming"]
+    logged_before = kill_after_step([*launch, *argv], killed, kill_at)
+    assert logged_before < steps and not (killed / "model.safetensors").exists()
+    state = json.loads((killed / "checkpoints" / "step_0000010" / "trainer_state.json").read_text())
+    positions = state["stream"]["ranks"]
+    assert len(positions) == 2 and all(p["stream"] is not None for p in positions)  # both mid-pass
+    assert positions[0] != positions[1]
+
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""}
+    for command in (
+        [*launch, *argv, "--resume"],
+        [*launch, *tiny_argv(reference, rows / "part*.jsonl", **flags), "--streaming"],
+    ):
+        done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stderr[-3000:]
+    a, b = losses(reference), losses(killed)
+    assert [s for s, _ in b] == list(range(1, steps + 1))
+    diff = max(abs(x - y) for (_, x), (_, y) in zip(a, b))
+    report(f"--streaming, 2 processes, killed at step {logged_before}, resumed: max |loss diff|", diff)
+    assert diff == 0.0
