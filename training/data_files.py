@@ -35,12 +35,34 @@ def is_row_file(path: pathlib.Path) -> bool:
     return path.suffix.lower() in ROW_KINDS
 
 
+def rows_of(dataset, where: str) -> Iterator[dict]:
+    """The rows of a streamed `datasets` dataset read from `where` (said in the error). datasets casts every
+    row to the columns of the first rows it read, and fails where later rows have others: that is said in
+    one line with the columns and the fix, not as datasets' multi-line cast report."""
+    from datasets.exceptions import CastError
+
+    rows = iter(dataset)
+    while True:
+        try:
+            row = next(rows)
+        except StopIteration:
+            return
+        except CastError as e:
+            found, before = (getattr(e, n, "?") for n in ("table_column_names", "requested_column_names"))
+            raise TrainArgumentError(
+                f"rows of {where} do not all have the same columns: rows with columns {found} follow rows with "
+                f"{before}, and `datasets` reads a stream's rows with the columns it met first; give every "
+                "row the same columns (e.g. keep only the text column)"
+            ) from e
+        yield row
+
+
 def iter_rows(path: pathlib.Path, name: str, text_column: str) -> Iterator[tuple[str, str]]:
     """(document name `name/row`, text) of each non-empty `text_column` of a jsonl/json or parquet file."""
     from datasets import load_dataset
 
     rows = load_dataset(ROW_KINDS[path.suffix.lower()], data_files=str(path), split="train", streaming=True)
-    for i, row in enumerate(rows):
+    for i, row in enumerate(rows_of(rows, f"--data file {str(path)!r}")):
         if text_column not in row:
             raise TrainArgumentError(
                 f"--text-column {text_column!r} is not a column of --data file {str(path)!r}; columns: "

@@ -19,11 +19,12 @@ from __future__ import annotations
 import json
 import os
 import pathlib
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 from .args import TrainArgumentError
 from .corpus import is_saved_dataset, stdlib_files
-from .data_files import ROW_KINDS, is_pattern, matches
+from .data_files import ROW_KINDS, is_pattern, matches, rows_of
 
 MAX_TEXT_FILE_BYTES = 256 << 20  # a text file is one document, read whole: larger ones are refused
 
@@ -55,15 +56,22 @@ class StreamSource:
         options = {"sample_by": "document"} if self.kind == "text" else {}
         return load_dataset(self.kind, data_files=list(self.files), split="train", streaming=True, **options)
 
+    def where(self, split: str) -> str:
+        """`split` of this source, as the errors name it."""
+        many = f" (and {len(self.files) - 1} more files)" if len(self.files) > 1 and not self.path else ""
+        return f"the {split} split of --data {self.path or self.files[0]!r}{many}"
+
+    def rows(self, dataset, split: str) -> Iterator[dict]:
+        """The rows of `dataset`, this source's split `split` (rows of other columns refused in one line)."""
+        return rows_of(dataset, self.where(split))
+
     def text_of(self, row: dict, split: str) -> str:
         """The document of one row of `split` (the text loader's column is always "text")."""
         column = "text" if "text" in (self.kind, self.loader) else self.text_column
         if column not in row:
-            many = f" (and {len(self.files) - 1} more files)" if len(self.files) > 1 and not self.path else ""
             raise TrainArgumentError(
-                f"--text-column {column!r} is not a column of the {split} split of --data "
-                f"{self.path or self.files[0]!r}{many}; columns: {sorted(row)}; name the text's column with "
-                "--text-column"
+                f"--text-column {column!r} is not a column of {self.where(split)}; columns: {sorted(row)}; "
+                "name the text's column with --text-column"
             )
         return row[column] or ""
 

@@ -57,7 +57,7 @@ def budgeted(texts: Iterator[str], max_chars: int) -> Iterator[str]:
 
 def stream_texts(source: StreamSource, dataset, split: str) -> Iterator[str]:
     """The non-empty documents of an IterableDataset of `source`, in its order."""
-    for row in dataset:
+    for row in source.rows(dataset, split):
         text = source.text_of(row, split)
         if text:
             yield text
@@ -142,7 +142,7 @@ class TokenStream:
         if self._resume_at is not None:
             dataset.load_state_dict(self._resume_at)
             self._resume_at = None
-        self._dataset, self._rows = dataset, iter(dataset)
+        self._dataset, self._rows = dataset, self.corpus.source.rows(dataset, "train")
 
     def _next_text(self) -> str | None:
         """The next training document of this pass (cut to the budget), or None when the pass is over."""

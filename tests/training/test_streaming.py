@@ -278,6 +278,23 @@ def test_a_missing_text_column_fails_in_one_line_before_anything_is_written(tmp_
     assert not out.exists()
 
 
+def test_rows_whose_columns_change_past_preflight_fail_in_one_line(tmp_path, text_folder, capsys):
+    """Preflight compares the files' first rows; a column that appears further into the second file reaches
+    datasets' cast (to the first file's columns), and that is said in one line too, with both column lists."""
+    rows, texts = tmp_path / "rows", paragraphs(text_folder)
+    jsonl_files(rows, texts[:3], names=("part0",))
+    (rows / "part1.jsonl").write_text(
+        "".join(json.dumps({"text": t} | ({"id": i} if i else {})) + "\n" for i, t in enumerate(texts[3:]))
+    )
+    out = tmp_path / "run"
+    capsys.readouterr()
+    assert main([*tiny_argv(out, rows / "part*.jsonl"), "--streaming"]) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1, err
+    assert "rows of the train split of --data" in err
+    assert "with columns ['text', 'id'] follow rows with ['text']" in err
+
+
 def test_a_dataset_name_that_cannot_be_opened_is_refused_before_anything_is_written(tmp_path, monkeypatch):
     """A --data that is no local path is taken as a `datasets` name (preflight checks its form only); opening it
     offline fails in prepare_data with the input named and datasets' reason, and no folder is made."""
