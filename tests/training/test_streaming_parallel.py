@@ -98,10 +98,13 @@ def test_a_two_process_streaming_run_killed_mid_pass_resumes_onto_the_same_losse
 
     env = {**os.environ, "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""}
     for command in (
-        [*launch, *argv, "--resume"],
-        [*launch, *tiny_argv(reference, rows / "part*.jsonl", **flags), "--streaming"],
+        [*launch, *argv, "--resume"],  # a second try resumes again, or finds the run finished
+        [*launch, *tiny_argv(reference, rows / "part*.jsonl", **flags), "--streaming", "--overwrite"],
     ):
-        done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
+        for _ in range(3):  # gloo's rare abort of a launch (parallel_worker.torchrun) is tried again
+            done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
+            if done.returncode == 0 or "terminate called" not in done.stderr:
+                break
         assert done.returncode == 0, done.stderr[-3000:]
     a, b = losses(reference), losses(killed)
     assert [s for s, _ in b] == list(range(1, steps + 1))
