@@ -80,8 +80,12 @@ def timed(fn, repeats: int, budget: float = 3.0) -> float:
 
 
 def interleaved(fns: dict, rounds: int = 10, times: dict | None = None, round_s: float = 0.0) -> dict:
-    """Best time of each function, the functions run in turn so they share the machine's state. Every
-    round's times are appended to `times[name]` when a dict is given (for per-round ratios).
+    """Best time of each function, the functions run in turn so they share the machine's state, in the
+    given order in even rounds and reversed in odd ones (A B C, C B A, ...): whatever a function gains or
+    loses from the one run just before it falls on both sides of each pair. (With one order throughout,
+    benchmarks/auto_backend.py's `auto` always ran right after the backend it runs, the same code, and
+    timed 3-7% below it at 8k tokens.) Every round's times are appended to `times[name]` when a dict is
+    given (for per-round ratios).
 
     With `round_s` > 0 each function's turn in a round repeats its call until `round_s` seconds have
     passed (at most 20 calls) and counts the best of them. Beside neighbours that take seconds (dense
@@ -90,8 +94,9 @@ def interleaved(fns: dict, rounds: int = 10, times: dict | None = None, round_s:
     for fn in fns.values():
         fn()
     best = dict.fromkeys(fns, float("inf"))
-    for _ in range(rounds):
-        for name, fn in fns.items():
+    order = list(fns.items())
+    for r in range(rounds):
+        for name, fn in order if r % 2 == 0 else order[::-1]:
             turn = best_of(fn, 1, round_s)
             best[name] = min(best[name], turn)
             if times is not None:

@@ -32,6 +32,14 @@ def test_interleaved_one_call_per_turn_by_default():
     assert best["slow"] >= 0.002
 
 
+def test_interleaved_alternates_the_order_so_no_function_always_follows_the_same_one():
+    """Round 0 runs the functions in the given order, round 1 reversed, and so on after the warm-up."""
+    log = []
+    fns = {name: (lambda name=name: log.append(name)) for name in "abc"}
+    measure.interleaved(fns, rounds=4)
+    assert "".join(log) == "abc" + "abc" + "cba" + "abc" + "cba"
+
+
 def test_interleaved_round_s_repeats_fast_calls_within_their_turn():
     """A call far shorter than `round_s` repeats up to the cap of 20 per turn; one longer than `round_s`
     runs once; each round records the best call of its turn."""
