@@ -9,7 +9,8 @@ from conftest import load_benchmark
 def test_auto_backend_benchmark_runs_every_cell_kind(tmp_path, capsys, monkeypatch):
     monkeypatch.setenv("SWAPFORMER_CACHE_DIR", str(tmp_path))  # the benchmark sets it again; restored after
     benchmark = load_benchmark("auto_backend")
-    results = benchmark.main(["--tiny", "--lengths", "64", "--rounds", "1", "--cache-dir", str(tmp_path)])
+    # 2 rounds: the second runs the backends in reverse, so auto is not the last one the model was set to
+    results = benchmark.main(["--tiny", "--lengths", "64", "--rounds", "2", "--cache-dir", str(tmp_path)])
     out = capsys.readouterr().out
     assert set(results) == {
         (arch, kind, 64, mode)
@@ -21,8 +22,10 @@ def test_auto_backend_benchmark_runs_every_cell_kind(tmp_path, capsys, monkeypat
         assert r["auto_ran"] and set(r["auto_ran"]) <= set(r["seconds"]), (arch, kind, mode, r)
         assert benchmark.DEFAULT in r["seconds"] and "eager" in r["seconds"]
         assert r["max_diff"] <= 1e-4, (arch, kind, mode, r["max_diff"])
+        ran = max(r["seconds"][b] for b in r["auto_ran"])
+        assert r["ran_over_best"] == ran / min(t for b, t in r["seconds"].items() if b != "auto")
         assert f"| {arch} | {kind} | {length} | {mode} |" in out
-    assert "auto / best" in out and "load average" in out
+    assert "auto / best | ran / best" in out and "load average" in out
 
 
 def test_the_reference_above_eager_max_is_named_and_can_be_eager(tmp_path, capsys, monkeypatch):
