@@ -34,6 +34,7 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 
 from conftest import LM_CLASSES, build, padded_batch, tiny_config
+from training_runs import free_port
 
 GLOBAL_BATCH, STEPS = 4, 4
 WORKER = Path(__file__).resolve()  # this file, which torchrun starts in each process
@@ -63,14 +64,6 @@ def torchrun(world_size: int, *args, out: Path):
             return json.loads(out.read_text())
         failures.append(done.stderr[-6000:])
     raise AssertionError("\n---\n".join(failures))
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("localhost", 0))
-        return s.getsockname()[1]
 
 
 def global_batch(arch: str) -> dict:

@@ -9,6 +9,7 @@ import json
 import os
 import pathlib
 import subprocess
+import sys
 import time
 
 import psutil
@@ -64,12 +65,33 @@ def wait_for_step(proc: subprocess.Popen, out: pathlib.Path, step: int) -> None:
     assert proc.poll() is None, "the run ended before it could be interrupted"
 
 
+def cpu_env() -> dict[str, str]:
+    """The environment of a run in another process: this one's as it is now (the session's cache folder
+    included), one thread, and CPU even where a GPU exists."""
+    return {**os.environ, "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""}
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("localhost", 0))
+        return s.getsockname()[1]
+
+
+def accelerate_launch(processes: int) -> list[str]:
+    """`accelerate launch` of `processes` CPU processes of `python -m swapformer` (append its arguments),
+    on a free port so that launches of parallel test runs do not meet."""
+    command = [str(pathlib.Path(sys.executable).with_name("accelerate")), "launch", "--multi_gpu"]
+    command += ["--num_processes", str(processes), "--num_machines", "1", "--mixed_precision", "no"]
+    return command + ["--dynamo_backend", "no", "--main_process_port", str(free_port()), "-m", "swapformer"]
+
+
 def kill_after_step(command: list[str], out: pathlib.Path, step: int) -> int:
     """Run `swapformer train` as `command` in another process (one thread, as the in-process tests), SIGKILL
     it once it has logged `step`, and return the last step it logged. A launcher's workers are killed with
     it, and waited for: `accelerate launch` starts each in a session of its own, so they would outlive it."""
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""}
-    proc = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(command, env=cpu_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         wait_for_step(proc, out, step)
     finally:

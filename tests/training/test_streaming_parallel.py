@@ -7,10 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import pathlib
 import subprocess
-import sys
 
 import pytest
 from transformers import AutoTokenizer
@@ -18,10 +15,24 @@ from transformers import AutoTokenizer
 from swapformer.training.corpus import Document
 from swapformer.training.data import pack
 
-from parallel_worker import free_port, torchrun
-from training_runs import TINY_RUN, kill_after_step, losses, tiny_argv
+from parallel_worker import torchrun
+from training_runs import TINY_RUN, accelerate_launch, cpu_env, kill_after_step, losses, tiny_argv
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # conftest.one_thread
+
+
+def paragraphs(files) -> list[str]:
+    """The non-empty paragraphs of text files, in order."""
+    return [p for f in files for p in f.read_text().split("\n\n") if p.strip()]
+
+
+def jsonl_parts(rows, texts: list[str], files: int) -> None:
+    """`texts` dealt into `files` consecutive jsonl files rows/part{i}.jsonl (the last may be shorter)."""
+    rows.mkdir()
+    size = -(-len(texts) // files)
+    for i in range(files):
+        part = texts[i * size : (i + 1) * size]
+        (rows / f"part{i}.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in part))
 
 
 def training_side(texts: list[str]) -> list[Document]:
@@ -40,16 +51,9 @@ def test_two_ranks_stream_disjoint_parts_and_read_each_block_once_a_pass(
 ):
     """Each rank's forwards read its own part's blocks in order (with 2 micro-batches a step too: the gathered
     global batch puts each rank's rows where step.forward_backward takes them)."""
-    texts = [
-        p for f in sorted(text_folder.glob("*.txt"))[:3] for p in f.read_text().split("\n\n") if p.strip()
-    ]
-    texts = texts[:60]
-    rows = tmp_path / "rows"
-    rows.mkdir()
-    size = -(-len(texts) // files)
-    for i in range(files):
-        part = texts[i * size : (i + 1) * size]
-        (rows / f"part{i}.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in part))
+    texts = paragraphs(sorted(text_folder.glob("*.txt"))[:3])[:60]
+    rows, size = tmp_path / "rows", -(-len(texts) // files)
+    jsonl_parts(rows, texts, files)
     run, steps = tmp_path / "run", 24 // accum
     data = rows / "part*.jsonl"
     seen = torchrun(2, "train_seen_streaming", data, run, steps, 0, accum, out=tmp_path / "seen.json")
@@ -78,15 +82,10 @@ def test_a_two_process_streaming_run_killed_mid_pass_resumes_onto_the_same_losse
     checkpoint taken mid-way through a pass: resumed, each rank goes on from the stream position and the
     carried-over tokens it saved, and the run logs the uninterrupted 2-process run's losses."""
     rows = tmp_path / "rows"
-    rows.mkdir()
-    texts = [p for f in sorted(text_folder.glob("*.txt")) for p in f.read_text().split("\n\n") if p.strip()]
-    for i, part in enumerate((texts[: len(texts) // 2], texts[len(texts) // 2 :])):
-        (rows / f"part{i}.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in part))
+    jsonl_parts(rows, paragraphs(sorted(text_folder.glob("*.txt"))), 2)
     steps, every, kill_at = 16, 5, 12
     flags = dict(max_steps=steps, save_every=every, eval_every=10, max_train_chars=4_000)
-    launch = [str(pathlib.Path(sys.executable).with_name("accelerate")), "launch", "--multi_gpu"]
-    launch += ["--num_processes", "2", "--num_machines", "1", "--mixed_precision", "no"]
-    launch += ["--dynamo_backend", "no", "--main_process_port", str(free_port()), "-m", "swapformer"]
+    launch = accelerate_launch(2)
     killed, reference = tmp_path / "killed", tmp_path / "reference"
     argv = [*tiny_argv(killed, rows / "part*.jsonl", **flags), "--streaming"]
     logged_before = kill_after_step([*launch, *argv], killed, kill_at)
@@ -96,13 +95,12 @@ def test_a_two_process_streaming_run_killed_mid_pass_resumes_onto_the_same_losse
     assert len(positions) == 2 and all(p["stream"] is not None for p in positions)  # both mid-pass
     assert positions[0] != positions[1]
 
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""}
     for command in (
         [*launch, *argv, "--resume"],  # a second try resumes again, or finds the run finished
         [*launch, *tiny_argv(reference, rows / "part*.jsonl", **flags), "--streaming", "--overwrite"],
     ):
         for _ in range(3):  # gloo's rare abort of a launch (parallel_worker.torchrun) is tried again
-            done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
+            done = subprocess.run(command, env=cpu_env(), capture_output=True, text=True, timeout=300)
             if done.returncode == 0 or "terminate called" not in done.stderr:
                 break
         assert done.returncode == 0, done.stderr[-3000:]

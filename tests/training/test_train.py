@@ -30,7 +30,16 @@ from swapformer.training.step import TrainingDiverged
 from swapformer.training.tokenizer import train_tokenizer
 
 from conftest import max_diff, run_python
-from training_runs import TINY_MODEL, TINY_RUN, kill_after_step, losses, tiny_args, tiny_argv, wait_for_step
+from training_runs import (
+    TINY_MODEL,
+    TINY_RUN,
+    accelerate_launch,
+    kill_after_step,
+    losses,
+    tiny_args,
+    tiny_argv,
+    wait_for_step,
+)
 
 AUTO = {
     "decoder": AutoModelForCausalLM,
@@ -284,9 +293,7 @@ def test_checkpoints_store_tied_weights_once_without_a_warning(tmp_path, text_fo
 def test_two_processes_follow_the_single_process_loss_curve(tmp_path, text_folder, report):
     one, two = tmp_path / "one", tmp_path / "two"
     python_m = [sys.executable, "-m", "swapformer"]
-    accelerate = [str(pathlib.Path(sys.executable).with_name("accelerate")), "launch", "--multi_gpu"]
-    accelerate += ["--num_processes", "2", "--num_machines", "1", "--mixed_precision", "no"]
-    accelerate += ["--dynamo_backend", "no", "-m", "swapformer"]
+    accelerate = accelerate_launch(2)
     # the same global batch of 8: 1 process x 4 rows x 2 accumulation, 2 processes x 4 rows
     for command in (
         python_m + tiny_argv(one, text_folder, grad_accum=2),
