@@ -62,11 +62,18 @@ def iter_rows(path: pathlib.Path, name: str, text_column: str) -> Iterator[tuple
     from datasets import load_dataset
 
     rows = load_dataset(ROW_KINDS[path.suffix.lower()], data_files=str(path), split="train", streaming=True)
-    for i, row in enumerate(rows_of(rows, f"--data file {str(path)!r}")):
-        if text_column not in row:
-            raise TrainArgumentError(
-                f"--text-column {text_column!r} is not a column of --data file {str(path)!r}; columns: "
-                f"{sorted(row)}; name the text's column with --text-column"
-            )
-        if row[text_column]:
-            yield f"{name}/{i}", row[text_column]
+    where = f"--data file {str(path)!r}"
+    for i, row in enumerate(rows_of(rows, where)):
+        text = column_text(row, text_column, where)
+        if text:
+            yield f"{name}/{i}", text
+
+
+def column_text(row: dict, column: str, where: str) -> str:
+    """The text in `column` of a row read from `where` ("" for a null), or the error that names the columns."""
+    if column not in row:
+        raise TrainArgumentError(
+            f"--text-column {column!r} is not a column of {where}; columns: {sorted(row)}; name the text's "
+            "column with --text-column"
+        )
+    return row[column] or ""

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 from .args import TrainArgumentError
 from .corpus import is_saved_dataset, stdlib_files
-from .data_files import ROW_KINDS, is_pattern, matches, rows_of
+from .data_files import ROW_KINDS, column_text, is_pattern, matches, rows_of
 
 MAX_TEXT_FILE_BYTES = 256 << 20  # a text file is one document, read whole: larger ones are refused
 
@@ -68,12 +68,7 @@ class StreamSource:
     def text_of(self, row: dict, split: str) -> str:
         """The document of one row of `split` (the text loader's column is always "text")."""
         column = "text" if "text" in (self.kind, self.loader) else self.text_column
-        if column not in row:
-            raise TrainArgumentError(
-                f"--text-column {column!r} is not a column of {self.where(split)}; columns: {sorted(row)}; "
-                "name the text's column with --text-column"
-            )
-        return row[column] or ""
+        return column_text(row, column, self.where(split))
 
 
 def stream_source(data: list[str], text_column: str) -> StreamSource:
